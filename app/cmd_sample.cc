@@ -1,0 +1,132 @@
+// `sample`: prompt -> streamed text, then a short report on stderr (or one JSON object with --json).
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "core/error.h"
+#include "engine/session.h"
+
+namespace ptllm::cli {
+namespace {
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted.store(true); }
+}  // namespace
+
+void add_sample_command(CLI::App& root) {
+  struct Opts {
+    std::string model, prompt;
+    int64_t tokens = 128;
+    double temperature = 0.8;
+    int64_t top_k = 40;
+    double top_p = 0.95;
+    int64_t seed = -1;
+    bool json = false, ignore_eos = false, no_bos = false;
+    int threads = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = root.add_subcommand("sample", "Generate text from a prompt");
+  cmd->add_option("model", o->model, "Model folder (default: the bundled flagship-27m)");
+  cmd->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
+  cmd->add_option("--tokens,-n", o->tokens, "Tokens to generate (default 128)");
+  cmd->add_option("--temperature,-t", o->temperature, "Sampling temperature; 0 = greedy (default 0.8)");
+  cmd->add_option("--top-k", o->top_k, "Keep the K most likely tokens; 0 = off (default 40)");
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]; 1 = off (default 0.95)");
+  cmd->add_option("--seed", o->seed, "RNG seed (default: random, printed in the report)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
+  cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
+  cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, stats) instead of streaming text");
+  add_threads_flag(cmd, o->threads);
+  cmd->callback([o] {
+    if (o->tokens < 0) fail("--tokens {}: expected a number >= 0", o->tokens);
+    SamplerConfig sc;
+    sc.temperature = o->temperature;
+    sc.top_k = o->top_k;
+    sc.top_p = o->top_p;
+    sc.seed = o->seed >= 0 ? uint64_t(o->seed) : std::random_device{}();
+    validate(sc);
+    apply_threads(o->threads);
+    const std::string path = o->model.empty() ? default_model_path() : o->model;
+    LoadedModel lm = load_model(path);
+    if (!lm.tokenizer) fail("{}: no tokenizer.json beside the model (needed to encode --prompt)", path);
+    std::vector<int32_t> prompt = lm.tokenizer->encode(o->prompt, !o->no_bos);
+    if (prompt.empty()) {
+      if (lm.bos_id < 0) fail("--prompt is empty and the model has no BOS token to start from");
+      prompt.push_back(lm.bos_id);
+    }
+    const auto& cfg = lm.model->config();
+    if (int64_t(prompt.size()) > cfg.max_position)
+      fail("--prompt: {} tokens is longer than the model's context of {} tokens", prompt.size(), cfg.max_position);
+    auto cache = make_default_cache(*lm.model, int64_t(prompt.size()) + o->tokens);
+    Session session(lm, std::move(cache));
+
+    GenerateOptions go;
+    go.max_new_tokens = o->tokens;
+    go.ignore_eos = o->ignore_eos;
+    go.sampler = sc;
+    std::vector<int32_t> generated;
+    StreamDecoder stream(*lm.tokenizer);
+    g_interrupted = false;
+    auto old = std::signal(SIGINT, on_sigint);
+    GenerateStats st = session.generate(prompt, go, [&](int32_t id) {
+      generated.push_back(id);
+      if (!o->json) {
+        std::string piece = stream.push(id);
+        if (!piece.empty()) {
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        }
+      }
+      return !g_interrupted.load();
+    });
+    std::signal(SIGINT, old);
+    const std::string text = lm.tokenizer->decode(generated);
+    const auto& cache_ref = session.cache();
+    if (o->json) {
+      nlohmann::json j;
+      j["model"] = path;
+      j["prompt"] = o->prompt;
+      j["prompt_ids"] = prompt;
+      j["generated_ids"] = generated;
+      j["text"] = text;
+      j["stats"] = {{"prompt_tokens", st.prompt_tokens},
+                    {"generated_tokens", st.generated_tokens},
+                    {"prefill_seconds", st.prefill_seconds},
+                    {"decode_seconds", st.decode_seconds},
+                    {"prefill_tokens_per_second", st.prefill_tps()},
+                    {"decode_tokens_per_second", st.decode_tps()},
+                    {"stop_reason", stop_reason_name(st.stop)},
+                    {"seed", sc.seed},
+                    {"kv_cache_bytes", cache_ref.payload_bytes() + cache_ref.scale_bytes()},
+                    {"kv_cache_payload_bytes", cache_ref.payload_bytes()},
+                    {"kv_cache_scale_bytes", cache_ref.scale_bytes()},
+                    {"kv_cache", cache_ref.describe()},
+                    {"stored_tokens", cache_ref.stored(0)},
+                    {"position", cache_ref.position()}};
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      std::string rest = stream.flush();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+      if (st.stop == StopReason::Context)
+        fmt::print(stderr, "note: stopped at the model's context length ({} tokens); a bounded cache "
+                           "(--streaming-llm-sink/--streaming-llm-window) lets generation go on\n",
+                   cfg.max_position);
+      fmt::print(stderr,
+                 "prompt {} tokens · generated {} tokens · prefill {:.1f} tok/s · decode {:.1f} tok/s · "
+                 "kv cache {} bytes ({}) · stop: {} · seed {}\n",
+                 st.prompt_tokens, st.generated_tokens, st.prefill_tps(), st.decode_tps(),
+                 cache_ref.payload_bytes() + cache_ref.scale_bytes(), cache_ref.describe(),
+                 stop_reason_name(st.stop), sc.seed);
+    }
+  });
+}
+
+}  // namespace ptllm::cli

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Builds (if needed) and runs every test with ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+[ -f "$BUILD_DIR/build.ninja" ] || ./scripts/setup.sh
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"

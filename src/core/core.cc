@@ -1,0 +1,25 @@
+#include <fmt/format.h>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace ptllm {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I8: return "I8";
+    case DType::I4: return "I4";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace ptllm

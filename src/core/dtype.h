@@ -1,0 +1,96 @@
+// Element types of stored tensors and the scalar conversions between them.
+// Arithmetic is always fp32; f16/bf16 exist only as storage.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace ptllm {
+
+enum class DType : uint8_t { F32, F16, BF16, I8, I4, I32, I64 };
+
+// Bytes per element; I4 is packed two per byte and reports 0 here (use storage_bytes()).
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::I8: return 1;
+    case DType::I64: return 8;
+    case DType::I4: return 0;
+  }
+  return 0;
+}
+
+// Bytes needed for n elements (rounds packed int4 up to whole bytes).
+constexpr size_t storage_bytes(DType t, size_t n) {
+  return t == DType::I4 ? (n + 1) / 2 : n * dtype_size(t);
+}
+
+std::string_view dtype_name(DType t);
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round-to-nearest-even, NaN stays NaN (matches torch's .to(bfloat16)).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) { mant <<= 1; --exp; }
+      mant &= 0x3ffu;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Round-to-nearest-even with overflow to inf and gradual underflow.
+inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (x >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow -> inf
+  if (x < 0x38800000u) {  // subnormal or zero in f16
+    if (x < 0x33000000u) return uint16_t(sign);
+    const uint32_t e = x >> 23;
+    uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return uint16_t(sign | r);
+  }
+  uint32_t r = x + 0xfffu + ((x >> 13) & 1u);
+  r -= (112u << 23);
+  return uint16_t(sign | (r >> 13));
+}
+
+}  // namespace ptllm

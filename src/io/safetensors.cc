@@ -1,0 +1,173 @@
+#include "io/safetensors.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/checked.h"
+#include "core/error.h"
+
+namespace ptllm {
+namespace {
+using json = nlohmann::json;
+// A header larger than this is not a model header; refuse before allocating.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+}  // namespace
+
+DType parse_safetensors_dtype(const std::string& s, const std::string& where) {
+  if (s == "F32") return DType::F32;
+  if (s == "F16") return DType::F16;
+  if (s == "BF16") return DType::BF16;
+  if (s == "I8") return DType::I8;
+  if (s == "I32") return DType::I32;
+  if (s == "I64") return DType::I64;
+  fail("{}: unsupported dtype {} (supported: F32, F16, BF16, I8, I32, I64)", where, s);
+}
+
+std::string safetensors_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I8: return "I8";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::I4: break;
+  }
+  fail("safetensors cannot store dtype {}", dtype_name(t));
+}
+
+void TensorStore::add_file(const std::string& path) {
+  auto file = std::make_unique<MappedFile>(path);
+  const size_t size = file->size();
+  if (size < 8) fail("{}: truncated safetensors file ({} bytes, expected at least 8)", path, size);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file->data(), 8);  // little-endian u64
+  if (header_len > kMaxHeaderBytes || header_len > size - 8)
+    fail("{}: truncated safetensors file (header says {} bytes, file has {})", path, header_len, size);
+  const char* hp = reinterpret_cast<const char*>(file->data() + 8);
+  json header;
+  try {
+    header = json::parse(hp, hp + header_len);
+  } catch (const std::exception& e) {
+    fail("{}: safetensors header is not valid JSON", path);
+  }
+  if (!header.is_object()) fail("{}: safetensors header is not a JSON object", path);
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = size - data_start;
+  const size_t file_index = files_.size();
+  for (auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = path + ": tensor " + name;
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
+        !info.contains("data_offsets") || !info["dtype"].is_string() || !info["shape"].is_array() ||
+        !info["data_offsets"].is_array() || info["data_offsets"].size() != 2)
+      fail("{}: malformed entry (expected dtype, shape, data_offsets[2])", where);
+    TensorView v;
+    v.dtype = parse_safetensors_dtype(info["dtype"].get<std::string>(), where);
+    uint64_t numel = 1;
+    for (auto& d : info["shape"]) {
+      if (!d.is_number_unsigned()) fail("{}: shape entries must be non-negative integers", where);
+      uint64_t dim = d.get<uint64_t>();
+      if (dim > (1ull << 40)) fail("{}: dimension {} is implausibly large", where, dim);
+      numel = checked_mul(numel, dim, where);
+      v.shape.push_back(int64_t(dim));
+    }
+    const auto& off = info["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail("{}: data_offsets must be non-negative integers", where);
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      fail("{}: data_offsets [{}, {}) outside the file's {} data bytes (truncated file?)", where, begin, end,
+           data_size);
+    const uint64_t expect = checked_mul(numel, dtype_size(v.dtype), where);
+    if (end - begin != expect)
+      fail("{}: {} bytes for shape {} {} (expected {})", where, end - begin, shape_str(v.shape),
+           dtype_name(v.dtype), expect);
+    v.data = file->data() + data_start + begin;
+    if (tensors_.count(name)) fail("{}: duplicate tensor name", where);
+    tensors_[name] = std::move(v);
+    file_of_[name] = file_index;
+  }
+  files_.push_back(std::move(file));
+}
+
+TensorStore TensorStore::open_hf_dir(const std::string& dir) {
+  TensorStore store;
+  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string single = dir + "/model.safetensors";
+  if (file_exists(index)) {
+    json j;
+    try {
+      j = json::parse(read_text_file(index));
+    } catch (const json::exception&) {
+      fail("{}: not valid JSON", index);
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      fail("{}: expected a \"weight_map\" object", index);
+    std::vector<std::string> shards;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) fail("{}: weight_map[{}] must be a file name", index, name);
+      std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos)
+        fail("{}: shard name {} must be a plain file name", index, f);
+      if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+    }
+    for (auto& s : shards) store.add_file(dir + "/" + s);
+    for (auto& [name, file] : j["weight_map"].items())
+      if (!store.has(name)) fail("{}: tensor {} listed in the index is missing from {}", index, name, file.get<std::string>());
+  } else if (file_exists(single)) {
+    store.add_file(single);
+  } else {
+    fail("{}: no model.safetensors or model.safetensors.index.json", dir);
+  }
+  return store;
+}
+
+const TensorView& TensorStore::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail("missing tensor {}", name);
+  return it->second;
+}
+
+std::string TensorStore::source_of(const std::string& name) const {
+  auto it = file_of_.find(name);
+  return it == file_of_.end() ? std::string("?") : files_[it->second]->path();
+}
+
+size_t TensorStore::mapped_bytes() const {
+  size_t n = 0;
+  for (auto& f : files_) n += f->size();
+  return n;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (auto& t : tensors) {
+    uint64_t n = 1;
+    for (auto d : t.shape) n *= uint64_t(d);
+    const uint64_t bytes = n * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8) h.push_back(' ');  // align data to 8 bytes
+  std::ofstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open for writing", path);
+  uint64_t hl = h.size();
+  f.write(reinterpret_cast<const char*>(&hl), 8);
+  f.write(h.data(), std::streamsize(h.size()));
+  for (auto& t : tensors) {
+    uint64_t n = 1;
+    for (auto d : t.shape) n *= uint64_t(d);
+    f.write(static_cast<const char*>(t.data), std::streamsize(n * dtype_size(t.dtype)));
+  }
+  if (!f) fail("{}: write failed", path);
+}
+
+}  // namespace ptllm

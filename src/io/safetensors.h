@@ -1,0 +1,49 @@
+// safetensors reading (single file or sharded with model.safetensors.index.json)
+// and writing. Every offset and length in the header is validated against the
+// file size before a view is handed out.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/mmap.h"
+
+namespace ptllm {
+
+// Tensors by name, backed by one or more memory-mapped files.
+class TensorStore {
+ public:
+  // Adds every tensor of one safetensors file. Throws Error on any malformed header.
+  void add_file(const std::string& path);
+  // Loads dir/model.safetensors.index.json (all shards it names) or dir/model.safetensors.
+  static TensorStore open_hf_dir(const std::string& dir);
+
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const TensorView& get(const std::string& name) const;  // throws "missing tensor NAME"
+  const std::map<std::string, TensorView>& all() const { return tensors_; }
+  // Where a tensor came from (for error messages).
+  std::string source_of(const std::string& name) const;
+  size_t mapped_bytes() const;
+
+ private:
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, size_t> file_of_;
+};
+
+// One tensor to write: raw bytes in dtype, row-major.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+};
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+DType parse_safetensors_dtype(const std::string& s, const std::string& where);
+std::string safetensors_dtype_name(DType t);
+
+}  // namespace ptllm

@@ -1,0 +1,86 @@
+// The KV cache interface the forward pass talks to, and the plain fp32 cache.
+//
+// The model hands the cache *pre-RoPE* keys and queries: the cache decides
+// where rotation happens (at append for absolute positions, at read time when
+// StreamingLLM re-positions keys by slot). Attention is computed by the cache
+// because only it knows how K/V are stored (fp32, fp16, quantised...).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/rope.h"
+
+namespace ptllm {
+
+struct KVCacheShape {
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;     // query heads
+  int64_t n_kv_heads = 0;  // K/V heads (GQA: n_heads % n_kv_heads == 0)
+  int64_t head_dim = 0;
+  int64_t capacity = 0;        // most tokens one layer may hold
+  int64_t sliding_window = 0;  // model's own attention window (Mistral), 0 = none
+  RopeConfig rope;
+};
+
+class KVCache {
+ public:
+  explicit KVCache(const KVCacheShape& shape) : shape_(shape), rope_(shape.rope, shape.head_dim) {}
+  virtual ~KVCache() = default;
+
+  // Stores n new tokens' K/V for `layer` at positions position() .. position()+n-1.
+  // k, v: [n, n_kv_heads, head_dim], k not yet rotated.
+  virtual void append(int64_t layer, const float* k, const float* v, int64_t n) = 0;
+  // Causal attention for the n tokens just appended to `layer`:
+  // q [n, n_heads, head_dim] (not yet rotated) -> out [n, n_heads, head_dim].
+  virtual void attend(int64_t layer, const float* q, int64_t n, float* out) = 0;
+  // Called once all layers have processed the n tokens of this step.
+  virtual void advance(int64_t n) { position_ += n; }
+  // Tokens currently held by `layer`.
+  virtual int64_t stored(int64_t layer) const = 0;
+  // How many more tokens can be appended in one step; a bounded (evicting) cache returns a large number.
+  virtual int64_t room() const = 0;
+  virtual bool bounded() const { return false; }
+  // Bytes held for K/V payload and for quantisation scales/zeros.
+  virtual size_t payload_bytes() const = 0;
+  virtual size_t scale_bytes() const { return 0; }
+  virtual std::string describe() const = 0;
+  virtual void clear() { position_ = 0; }
+
+  int64_t position() const { return position_; }  // tokens seen so far (monotonic)
+  const KVCacheShape& shape() const { return shape_; }
+  const Rope& rope() const { return rope_; }
+
+ protected:
+  KVCacheShape shape_;
+  Rope rope_;
+  int64_t position_ = 0;
+};
+
+// Full-precision cache holding every token up to `capacity`. Keys are stored
+// already rotated at their absolute position.
+class Fp32KVCache : public KVCache {
+ public:
+  explicit Fp32KVCache(const KVCacheShape& shape);
+  void append(int64_t layer, const float* k, const float* v, int64_t n) override;
+  void attend(int64_t layer, const float* q, int64_t n, float* out) override;
+  int64_t stored(int64_t layer) const override { return len_[size_t(layer)]; }
+  int64_t room() const override;
+  size_t payload_bytes() const override;
+  std::string describe() const override { return "fp32 cache (unbounded up to the context length)"; }
+  void clear() override;
+
+ private:
+  // Per layer: [n_kv_heads, capacity, head_dim]; only the first len_ slots are valid.
+  std::vector<std::vector<float>> k_, v_;
+  std::vector<int64_t> len_;
+};
+
+// Reference attention used by every cache: q [n_heads, head_dim] at query
+// position `q_pos` over keys/values in fp32 [n_kv_heads, stride, head_dim] whose
+// positions are key_pos[0..len). Keys must already be rotated.
+void attend_fp32(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const float* k,
+                 const float* v, int64_t stride, const int64_t* key_pos, int64_t len, int64_t q_pos,
+                 int64_t sliding_window, float* out);
+
+}  // namespace ptllm

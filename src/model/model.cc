@@ -1,0 +1,121 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace ptllm {
+
+std::unique_ptr<Model> Model::load_hf(const std::string& dir) {
+  ModelConfig cfg = load_hf_config(dir);
+  TensorStore store = TensorStore::open_hf_dir(dir);
+  return std::make_unique<Model>(std::move(cfg), std::move(store), dir);
+}
+
+const TensorView& Model::tensor(const std::string& name, std::vector<int64_t> shape) const {
+  if (!store_.has(name)) fail("{}: missing tensor {}", source_, name);
+  const TensorView& t = store_.get(name);
+  if (t.shape != shape)
+    fail("{}: tensor {} has shape {}, expected {}", store_.source_of(name), name, shape_str(t.shape),
+         shape_str(shape));
+  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
+    fail("{}: tensor {} has dtype {} (supported: F32, F16, BF16)", store_.source_of(name), name,
+         dtype_name(t.dtype));
+  return t;
+}
+
+Model::Model(ModelConfig config, TensorStore store, std::string source)
+    : config_(std::move(config)), store_(std::move(store)), source_(std::move(source)) {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
+  embed_ = tensor("model.embed_tokens.weight", {V, H});
+  final_norm_ = tensor("model.norm.weight", {H});
+  if (c.tie_embeddings || !store_.has("lm_head.weight")) {
+    if (!c.tie_embeddings) fail("{}: missing tensor lm_head.weight (and tie_word_embeddings is false)", source_);
+    lm_head_ = embed_;
+  } else {
+    lm_head_ = tensor("lm_head.weight", {V, H});
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    LayerWeights w;
+    w.attn_norm = tensor(p + "input_layernorm.weight", {H});
+    w.wq = tensor(p + "self_attn.q_proj.weight", {QD, H});
+    w.wk = tensor(p + "self_attn.k_proj.weight", {KD, H});
+    w.wv = tensor(p + "self_attn.v_proj.weight", {KD, H});
+    w.wo = tensor(p + "self_attn.o_proj.weight", {H, QD});
+    if (c.qkv_bias) {
+      w.has_bias = true;
+      w.bq = tensor(p + "self_attn.q_proj.bias", {QD});
+      w.bk = tensor(p + "self_attn.k_proj.bias", {KD});
+      w.bv = tensor(p + "self_attn.v_proj.bias", {KD});
+    }
+    w.ffn_norm = tensor(p + "post_attention_layernorm.weight", {H});
+    w.w_gate = tensor(p + "mlp.gate_proj.weight", {F, H});
+    w.w_up = tensor(p + "mlp.up_proj.weight", {F, H});
+    w.w_down = tensor(p + "mlp.down_proj.weight", {H, F});
+    layers_.push_back(std::move(w));
+  }
+}
+
+size_t Model::weight_bytes() const {
+  size_t n = 0;
+  for (auto& [name, t] : store_.all()) n += t.nbytes();
+  return n;
+}
+
+KVCacheShape Model::cache_shape(int64_t capacity) const {
+  KVCacheShape s;
+  s.n_layers = config_.n_layers;
+  s.n_heads = config_.n_heads;
+  s.n_kv_heads = config_.n_kv_heads;
+  s.head_dim = config_.head_dim;
+  s.capacity = capacity;
+  s.sliding_window = config_.sliding_window;
+  s.rope = config_.rope;
+  return s;
+}
+
+void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* logits, bool all_logits) const {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  const int64_t QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
+  std::vector<float> x(size_t(n * H)), xn(size_t(n * H)), q(size_t(n * QD)), k(size_t(n * KD)), v(size_t(n * KD)),
+      att(size_t(n * QD)), proj(size_t(n * H)), gate(size_t(n * F)), up(size_t(n * F));
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = tokens[t];
+    if (id < 0 || id >= c.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c.vocab_size - 1);
+    ops::to_f32(embed_.data + storage_bytes(embed_.dtype, size_t(id) * size_t(H)), embed_.dtype, &x[size_t(t * H)], H);
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[size_t(l)];
+    ops::rmsnorm(x.data(), w.attn_norm, c.rms_eps, n, H, xn.data());
+    ops::matmul(w.wq, xn.data(), n, q.data(), w.has_bias ? &w.bq : nullptr);
+    ops::matmul(w.wk, xn.data(), n, k.data(), w.has_bias ? &w.bk : nullptr);
+    ops::matmul(w.wv, xn.data(), n, v.data(), w.has_bias ? &w.bv : nullptr);
+    cache.append(l, k.data(), v.data(), n);
+    cache.attend(l, q.data(), n, att.data());
+    ops::matmul(w.wo, att.data(), n, proj.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+    ops::rmsnorm(x.data(), w.ffn_norm, c.rms_eps, n, H, xn.data());
+    ops::matmul(w.w_gate, xn.data(), n, gate.data());
+    ops::matmul(w.w_up, xn.data(), n, up.data());
+    ops::silu_mul(gate.data(), up.data(), n * F);
+    ops::matmul(w.w_down, gate.data(), n, proj.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+  }
+  cache.advance(n);
+  if (all_logits) {
+    ops::rmsnorm(x.data(), final_norm_, c.rms_eps, n, H, xn.data());
+    ops::matmul(lm_head_, xn.data(), n, logits);
+  } else {
+    ops::rmsnorm(x.data() + (n - 1) * H, final_norm_, c.rms_eps, 1, H, xn.data());
+    ops::matmul(lm_head_, xn.data(), 1, logits);
+  }
+}
+
+}  // namespace ptllm

@@ -1,0 +1,269 @@
+#include "ops/ops.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ptllm::ops {
+namespace {
+
+// ---------- scalar reference ----------
+float dot_f32_scalar(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+float dot_bf16_scalar(const uint16_t* w, const float* x, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+  return s;
+}
+float dot_f16_scalar(const uint16_t* w, const float* x, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+// ---------- AVX2 + FMA + F16C ----------
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+__attribute__((target("avx2,fma"))) float dot_f32_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum256(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+__attribute__((target("avx2,fma"))) inline __m256 load_bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2,fma"))) float dot_bf16_avx2(const uint16_t* w, const float* x, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
+    s1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
+  float s = hsum256(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+  return s;
+}
+__attribute__((target("avx2,fma,f16c"))) float dot_f16_avx2(const uint16_t* w, const float* x, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 wf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+    s0 = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), s0);
+  }
+  float s = hsum256(s0);
+  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+// ---------- AVX-512F ----------
+__attribute__((target("avx512f"))) float dot_f32_avx512(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  if (i < n) {
+    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+__attribute__((target("avx512f"))) inline __m512 load_bf16x16(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx512f"))) float dot_bf16_avx512(const uint16_t* w, const float* x, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
+    s1 = _mm512_fmadd_ps(load_bf16x16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+  }
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+  return s;
+}
+__attribute__((target("avx512f"))) float dot_f16_avx512(const uint16_t* w, const float* x, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 wf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
+    s0 = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + i), s0);
+  }
+  float s = _mm512_reduce_add_ps(s0);
+  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+struct Kernels {
+  float (*dot_f32)(const float*, const float*, int64_t);
+  float (*dot_bf16)(const uint16_t*, const float*, int64_t);
+  float (*dot_f16)(const uint16_t*, const float*, int64_t);
+};
+constexpr Kernels kScalar{dot_f32_scalar, dot_bf16_scalar, dot_f16_scalar};
+constexpr Kernels kAvx2{dot_f32_avx2, dot_bf16_avx2, dot_f16_avx2};
+constexpr Kernels kAvx512{dot_f32_avx512, dot_bf16_avx512, dot_f16_avx512};
+
+SimdLevel detect() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return SimdLevel::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return SimdLevel::Avx2;
+  return SimdLevel::Scalar;
+}
+
+SimdLevel g_level = detect();
+const Kernels* g_k = g_level == SimdLevel::Avx512 ? &kAvx512 : g_level == SimdLevel::Avx2 ? &kAvx2 : &kScalar;
+int g_threads = 0;
+
+}  // namespace
+
+SimdLevel best_simd_level() {
+  static const SimdLevel best = detect();
+  return best;
+}
+SimdLevel simd_level() { return g_level; }
+void set_simd_level(SimdLevel level) {
+  if (int(level) > int(best_simd_level())) level = best_simd_level();
+  g_level = level;
+  g_k = level == SimdLevel::Avx512 ? &kAvx512 : level == SimdLevel::Avx2 ? &kAvx2 : &kScalar;
+}
+std::string_view simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::Scalar: return "scalar";
+    case SimdLevel::Avx2: return "avx2";
+    case SimdLevel::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+void set_num_threads(int n) {
+  g_threads = n > 0 ? n : omp_get_num_procs();
+  omp_set_num_threads(g_threads);
+}
+int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+float dot_f32(const float* a, const float* b, int64_t n) { return g_k->dot_f32(a, b, n); }
+
+float dot_row(const void* row, DType dtype, const float* x, int64_t n) {
+  switch (dtype) {
+    case DType::F32: return g_k->dot_f32(static_cast<const float*>(row), x, n);
+    case DType::BF16: return g_k->dot_bf16(static_cast<const uint16_t*>(row), x, n);
+    case DType::F16: return g_k->dot_f16(static_cast<const uint16_t*>(row), x, n);
+    default: fail("dot_row: unsupported weight dtype {}", dtype_name(dtype));
+  }
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::F32:
+      std::copy_n(static_cast<const float*>(src), n, dst);
+      return;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    default: fail("to_f32: unsupported dtype {}", dtype_name(dtype));
+  }
+}
+
+void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias) {
+  const int64_t out = w.rows(), in = w.cols();
+  const size_t row_bytes = storage_bytes(w.dtype, size_t(in));
+  const std::byte* base = w.data;
+  std::vector<float> bias_f;
+  if (bias) {
+    bias_f.resize(size_t(out));
+    to_f32(bias->data, bias->dtype, bias_f.data(), out);
+  }
+  const float* b = bias ? bias_f.data() : nullptr;
+  if (n_tokens == 1) {
+    // Decode: one pass over the weights, each row read once.
+#pragma omp parallel for schedule(static) if (out >= 64)
+    for (int64_t o = 0; o < out; ++o) y[o] = dot_row(base + size_t(o) * row_bytes, w.dtype, x, in) + (b ? b[o] : 0.f);
+    return;
+  }
+  // Prefill: widen each weight row to fp32 once and reuse it for every token,
+  // so the (larger) weight matrix is streamed once and x stays in cache.
+#pragma omp parallel
+  {
+    std::vector<float> row(w.dtype == DType::F32 ? 0 : size_t(in));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < out; ++o) {
+      const float* r;
+      if (w.dtype == DType::F32) {
+        r = reinterpret_cast<const float*>(base + size_t(o) * row_bytes);
+      } else {
+        to_f32(base + size_t(o) * row_bytes, w.dtype, row.data(), in);
+        r = row.data();
+      }
+      const float bo = b ? b[o] : 0.f;
+      for (int64_t t = 0; t < n_tokens; ++t) y[t * out + o] = dot_f32(r, x + t * in, in) + bo;
+    }
+  }
+}
+
+void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out) {
+  std::vector<float> w(static_cast<size_t>(dim));
+  to_f32(weight.data, weight.dtype, w.data(), dim);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(dim) + eps));
+    float* o = out + t * dim;
+    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[size_t(i)];
+  }
+}
+
+void silu_mul(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  const float inv = float(1.0 / s);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+}  // namespace ptllm::ops

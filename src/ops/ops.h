@@ -1,0 +1,42 @@
+// Compute kernels. Every kernel has a scalar reference implementation; the
+// SIMD variants (AVX2+FMA+F16C, AVX-512F) are selected once at start-up from
+// the CPU's features and can be forced for tests with set_simd_level().
+// Arithmetic is fp32 whatever the storage dtype.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace ptllm::ops {
+
+enum class SimdLevel { Scalar, Avx2, Avx512 };
+SimdLevel best_simd_level();          // what this CPU supports
+SimdLevel simd_level();               // what is in use
+void set_simd_level(SimdLevel level);  // clamps to best_simd_level()
+std::string_view simd_level_name(SimdLevel level);
+
+// Threads used by parallel kernels (OpenMP). 0 = all cores.
+void set_num_threads(int n);
+int num_threads();
+
+float dot_f32(const float* a, const float* b, int64_t n);
+// Dot of a row stored as `dtype` (F32, F16 or BF16) with fp32 x.
+float dot_row(const void* row, DType dtype, const float* x, int64_t n);
+// y[i] += a * x[i]
+void axpy(float a, const float* x, float* y, int64_t n);
+// Converts n stored elements to fp32.
+void to_f32(const void* src, DType dtype, float* dst, int64_t n);
+
+// y[t, o] = sum_i W[o, i] * x[t, i] (+ bias[o]); W is [out, in] in F32/F16/BF16,
+// x is [n_tokens, in], y is [n_tokens, out]. Parallel over output rows.
+void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias = nullptr);
+
+// out = x / rms(x) * weight, over `dim` elements, for n rows.
+void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out);
+// gate[i] = silu(gate[i]) * up[i]
+void silu_mul(float* gate, const float* up, int64_t n);
+// In-place numerically stable softmax.
+void softmax(float* x, int64_t n);
+
+}  // namespace ptllm::ops

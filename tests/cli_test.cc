@@ -1,0 +1,102 @@
+// The CLI end to end: bad input gives one line naming the problem and a
+// non-zero exit; good input produces text.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+struct Result {
+  int status;
+  std::string out;  // stdout + stderr
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(PTLLM_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+const std::string kStories = test::repo_dir() + "/models/stories260K";
+
+void expect_error(const std::string& args, const std::string& needle) {
+  Result r = run(args);
+  EXPECT_NE(r.status, 0) << args;
+  EXPECT_LT(r.status, 128) << "crashed: " << args;  // not a signal
+  EXPECT_NE(r.out.find(needle), std::string::npos) << args << "\n" << r.out;
+  EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SampleGreedyStories) {
+  Result r = run("sample " + kStories + " --prompt 'Once upon a time' --tokens 20 --temperature 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("there was a little girl named Lily"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode"), std::string::npos);
+}
+
+TEST(Cli, SampleJsonHasDocumentedKeys) {
+  Result r = run("sample " + kStories + " --prompt 'Once upon a time' --tokens 5 --seed 3 --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"prompt_ids", "generated_ids", "text", "stats"}) EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["generated_ids"].size(), 5u);
+  EXPECT_EQ(j["stats"]["generated_tokens"], 5);
+}
+
+TEST(Cli, SameSeedSameText) {
+  const std::string a = "sample " + kStories + " --prompt 'Once upon a time' --tokens 30 --temperature 1 --seed 7 --json 2>/dev/null";
+  Result r1 = run(a), r2 = run(a);
+  ASSERT_EQ(r1.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(r1.out)["generated_ids"], nlohmann::json::parse(r2.out)["generated_ids"]);
+}
+
+TEST(Cli, StopsAtContextWithNote) {
+  Result r = run("sample " + kStories + " --prompt 'Once upon a time' --tokens 600 --temperature 0 --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("context length (512 tokens)"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadInputs) {
+  expect_error("sample /nonexistent/model --prompt hi", "/nonexistent/model: no such file or folder");
+  expect_error("sample /tmp --prompt hi", "no config.json");
+  expect_error("sample " + kStories + " --prompt hi --tokens -1", "--tokens -1");
+  expect_error("sample " + kStories + " --prompt hi --temperature -1", "--temperature");
+  expect_error("sample " + kStories + " --prompt hi --top-p 0", "--top-p");
+  expect_error("sample " + kStories + " --prompt hi --top-p 1.5", "--top-p");
+  expect_error("sample " + kStories + " --prompt hi --frobnicate", "frobnicate");
+  expect_error("sample " + kStories + " --prompt hi --tokens many", "--tokens");
+  std::string long_prompt;
+  for (int i = 0; i < 600; ++i) long_prompt += "the cat ";
+  expect_error("sample " + kStories + " --prompt '" + long_prompt + "'", "longer than the model's context of 512");
+  expect_error("logits " + kStories + " --ids 1,2,99999 --out /tmp/x.safetensors", "outside the vocabulary");
+}
+
+TEST(Cli, HelpOnEveryCommand) {
+  for (const char* c : {"sample", "logits", "tokenize"}) {
+    Result r = run(std::string(c) + " --help");
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
+  }
+}
+
+TEST(Cli, LogitsWritesSafetensors) {
+  const std::string out = std::filesystem::temp_directory_path() / "ptllm_cli_logits.safetensors";
+  Result r = run("logits " + kStories + " --ids 1,403,407 --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_GT(std::filesystem::file_size(out), 3u * 512 * 4);
+}
+
+}  // namespace
+}  // namespace ptllm

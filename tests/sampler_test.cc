@@ -1,0 +1,63 @@
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "core/error.h"
+#include "sampling/sampler.h"
+
+namespace ptllm {
+namespace {
+
+TEST(Sampler, GreedyPicksArgmaxFirstOnTies) {
+  Sampler s({0.0, 0, 1.0, 1});
+  std::vector<float> l = {0.1f, 3.f, 3.f, -1.f};
+  EXPECT_EQ(s.sample(l), 1);
+}
+
+TEST(Sampler, TopKOneIsGreedy) {
+  Sampler s({1.5, 1, 1.0, 7});
+  std::vector<float> l = {0.1f, 0.2f, 5.f, 0.3f};
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(l), 2);
+}
+
+TEST(Sampler, TopPKeepsSmallestPrefix) {
+  // probs at T=1: ~[0.665, 0.245, 0.09]; top_p 0.6 keeps only the first.
+  Sampler s({1.0, 0, 0.6, 3});
+  std::vector<float> l = {2.f, 1.f, 0.f};
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(s.sample(l), 0);
+}
+
+TEST(Sampler, FrequenciesFollowSoftmax) {
+  Sampler s({1.0, 0, 1.0, 11});
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  std::map<int, int> n;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) ++n[s.sample(l)];
+  EXPECT_NEAR(n[0] / double(N), 0.5, 0.02);
+  EXPECT_NEAR(n[1] / double(N), 0.3, 0.02);
+  EXPECT_NEAR(n[2] / double(N), 0.2, 0.02);
+}
+
+TEST(Sampler, SameSeedSameSequence) {
+  std::vector<float> l(100);
+  for (int i = 0; i < 100; ++i) l[size_t(i)] = float(i % 7) * 0.3f;
+  Sampler a({0.9, 20, 0.9, 42}), b({0.9, 20, 0.9, 42}), c({0.9, 20, 0.9, 43});
+  int diff = 0;
+  for (int i = 0; i < 200; ++i) {
+    const int x = a.sample(l);
+    EXPECT_EQ(x, b.sample(l));
+    diff += x != c.sample(l);
+  }
+  EXPECT_GT(diff, 0);
+}
+
+TEST(Sampler, RejectsBadSettings) {
+  EXPECT_THROW(validate({-1.0, 0, 1.0, 0}), Error);
+  EXPECT_THROW(validate({1.0, 0, 0.0, 0}), Error);
+  EXPECT_THROW(validate({1.0, 0, 1.5, 0}), Error);
+  EXPECT_THROW(validate({1.0, -3, 1.0, 0}), Error);
+  EXPECT_NO_THROW(validate({0.0, 0, 1.0, 0}));
+}
+
+}  // namespace
+}  // namespace ptllm
