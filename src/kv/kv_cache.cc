@@ -76,7 +76,7 @@ void Fp32KVCache::attend(int64_t layer, const float* q, int64_t n, float* out) {
     const int64_t qp = position_ + i;
     rope_.apply(rq.data(), s.n_heads, double(qp));
     attend_fp32(rq.data(), s.n_heads, s.n_kv_heads, s.head_dim, k_[size_t(layer)].data(), v_[size_t(layer)].data(),
-                s.capacity, pos.data(), std::min(len, qp + 1), qp, s.sliding_window, out + i * qstride);
+                s.capacity, pos.data(), std::min(len, qp + 1), qp, s.window_of(layer), out + i * qstride);
   }
 }
 

@@ -20,7 +20,14 @@ struct KVCacheShape {
   int64_t head_dim = 0;
   int64_t capacity = 0;        // most tokens one layer may hold
   int64_t sliding_window = 0;  // model's own attention window (Mistral), 0 = none
+  // Per cache layer window overriding sliding_window (YOCO self-decoder layers
+  // have one, its global K/V layer none); empty = sliding_window for every layer.
+  std::vector<int64_t> layer_window;
   RopeConfig rope;
+
+  int64_t window_of(int64_t layer) const {
+    return layer < int64_t(layer_window.size()) ? layer_window[size_t(layer)] : sliding_window;
+  }
 };
 
 class KVCache {
