@@ -27,11 +27,18 @@ std::string default_model_path() {
 
 LoadedModel load_model(const std::string& path) {
   if (!file_exists(path) && !is_directory(path)) fail("{}: no such file or folder", path);
-  if (!is_directory(path)) fail("{}: expected a model folder (config.json + safetensors)", path);
   LoadedModel lm;
-  lm.model = Model::load_hf(path);
-  const std::string tok = path + "/tokenizer.json";
-  if (file_exists(tok)) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_file(tok));
+  if (is_directory(path)) {
+    lm.model = Model::load_hf(path);
+    const std::string tok = path + "/tokenizer.json";
+    if (file_exists(tok)) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_file(tok));
+  } else if (path.size() > 8 && path.ends_with(".tinygpt")) {
+    std::string tok_json;
+    lm.model = Model::load_tinygpt(path, &tok_json);
+    if (!tok_json.empty()) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_json(tok_json));
+  } else {
+    fail("{}: expected a model folder (config.json + safetensors) or a .tinygpt file", path);
+  }
   const auto& c = lm.model->config();
   lm.eos_ids = c.eos_ids;
   lm.bos_id = c.bos_id;

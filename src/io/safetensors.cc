@@ -1,5 +1,6 @@
 #include "io/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -56,8 +57,16 @@ void TensorStore::add_file(const std::string& path) {
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = size - data_start;
   const size_t file_index = files_.size();
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) of every tensor, for the overlap check
   for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (!info.is_object()) fail("{}: __metadata__ must be an object of strings", path);
+      for (auto& [k, v] : info.items()) {
+        if (!v.is_string()) fail("{}: __metadata__[{}] must be a string", path, k);
+        metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
     const std::string where = path + ": tensor " + name;
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
         !info.contains("data_offsets") || !info["dtype"].is_string() || !info["shape"].is_array() ||
@@ -85,11 +94,28 @@ void TensorStore::add_file(const std::string& path) {
       fail("{}: {} bytes for shape {} {} (expected {})", where, end - begin, shape_str(v.shape),
            dtype_name(v.dtype), expect);
     v.data = file->data() + data_start + begin;
+    if (end > begin) ranges.emplace_back(begin, end);
     if (tensors_.count(name)) fail("{}: duplicate tensor name", where);
     tensors_[name] = std::move(v);
     file_of_[name] = file_index;
   }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      fail("{}: tensors overlap (data bytes [{}, {}) and [{}, {}))", path, ranges[i - 1].first, ranges[i - 1].second,
+           ranges[i].first, ranges[i].second);
   files_.push_back(std::move(file));
+}
+
+void TensorStore::rename(const std::string& from, const std::string& to) {
+  auto it = tensors_.find(from);
+  if (it == tensors_.end()) fail("missing tensor {}", from);
+  if (from == to) return;
+  if (tensors_.count(to)) fail("duplicate tensor name {}", to);
+  tensors_[to] = std::move(it->second);
+  tensors_.erase(it);
+  file_of_[to] = file_of_[from];
+  file_of_.erase(from);
 }
 
 TensorStore TensorStore::open_hf_dir(const std::string& dir) {

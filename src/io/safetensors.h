@@ -26,11 +26,16 @@ class TensorStore {
   // Where a tensor came from (for error messages).
   std::string source_of(const std::string& name) const;
   size_t mapped_bytes() const;
+  // String metadata ("__metadata__") of every file added, later files winning.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Gives a tensor another name (e.g. .tinygpt names -> Hugging Face names).
+  void rename(const std::string& from, const std::string& to);
 
  private:
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, size_t> file_of_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // One tensor to write: raw bytes in dtype, row-major.

@@ -10,7 +10,7 @@
 
 namespace ptllm {
 
-enum class Family { Llama, Mistral, Qwen2 };
+enum class Family { Llama, Mistral, Qwen2, TinyGpt };
 
 
 struct ModelConfig {
@@ -29,6 +29,13 @@ struct ModelConfig {
   bool tie_embeddings = false;
   bool qkv_bias = false;
   RopeConfig rope;
+  // YOCO (.tinygpt): layers [0, yoco_self_layers) keep their own K/V, one
+  // global K/V is computed after them, later layers attend to it. 0 = plain.
+  int64_t yoco_self_layers = 0;
+  int64_t yoco_self_window = 0;  // sliding window of the self-decoder layers, 0 = none
+  bool yoco() const { return yoco_self_layers > 0; }
+  // Layers that store K/V: S + 1 for YOCO, else n_layers.
+  int64_t n_cache_layers() const { return yoco() ? yoco_self_layers + 1 : n_layers; }
   int32_t bos_id = -1;
   std::vector<int32_t> eos_ids;
 
@@ -39,5 +46,7 @@ struct ModelConfig {
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& where);
 // Reads dir/config.json, then dir/generation_config.json for BOS/EOS if present.
 ModelConfig load_hf_config(const std::string& dir);
+// Parses the "config" metadata of a .tinygpt file.
+ModelConfig parse_tinygpt_config(const std::string& json_text, const std::string& where);
 
 }  // namespace ptllm

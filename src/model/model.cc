@@ -40,13 +40,23 @@ Model::Model(ModelConfig config, TensorStore store, std::string source)
   } else {
     lm_head_ = tensor("lm_head.weight", {V, H});
   }
+  if (c.yoco()) {
+    if (c.yoco_self_layers >= c.n_layers) fail("{}: yoco.self_layers must be < n_layers", source_);
+    yoco_kv_norm_ = tensor("yoco.kv_norm.weight", {H});
+    yoco_wk_ = tensor("yoco.wk.weight", {KD, H});
+    yoco_wv_ = tensor("yoco.wv.weight", {KD, H});
+  }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights w;
+    w.has_kv = !c.yoco() || l < c.yoco_self_layers;
+    w.cache_layer = w.has_kv ? l : c.yoco_self_layers;
     w.attn_norm = tensor(p + "input_layernorm.weight", {H});
     w.wq = tensor(p + "self_attn.q_proj.weight", {QD, H});
-    w.wk = tensor(p + "self_attn.k_proj.weight", {KD, H});
-    w.wv = tensor(p + "self_attn.v_proj.weight", {KD, H});
+    if (w.has_kv) {
+      w.wk = tensor(p + "self_attn.k_proj.weight", {KD, H});
+      w.wv = tensor(p + "self_attn.v_proj.weight", {KD, H});
+    }
     w.wo = tensor(p + "self_attn.o_proj.weight", {H, QD});
     if (c.qkv_bias) {
       w.has_bias = true;
@@ -70,12 +80,17 @@ size_t Model::weight_bytes() const {
 
 KVCacheShape Model::cache_shape(int64_t capacity) const {
   KVCacheShape s;
-  s.n_layers = config_.n_layers;
+  s.n_layers = config_.n_cache_layers();
   s.n_heads = config_.n_heads;
   s.n_kv_heads = config_.n_kv_heads;
   s.head_dim = config_.head_dim;
   s.capacity = capacity;
   s.sliding_window = config_.sliding_window;
+  if (config_.yoco()) {
+    // Self-decoder layers may have a window; the global K/V layer has none.
+    s.layer_window.assign(size_t(config_.yoco_self_layers), config_.yoco_self_window);
+    s.layer_window.push_back(0);
+  }
   s.rope = config_.rope;
   return s;
 }
@@ -93,12 +108,22 @@ void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* log
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];
+    if (c.yoco() && l == c.yoco_self_layers) {
+      // YOCO: the one global K/V, computed from the self-decoder's output and
+      // shared by every cross-decoder layer.
+      ops::rmsnorm(x.data(), yoco_kv_norm_, c.rms_eps, n, H, xn.data());
+      ops::matmul(yoco_wk_, xn.data(), n, k.data());
+      ops::matmul(yoco_wv_, xn.data(), n, v.data());
+      cache.append(w.cache_layer, k.data(), v.data(), n);
+    }
     ops::rmsnorm(x.data(), w.attn_norm, c.rms_eps, n, H, xn.data());
     ops::matmul(w.wq, xn.data(), n, q.data(), w.has_bias ? &w.bq : nullptr);
-    ops::matmul(w.wk, xn.data(), n, k.data(), w.has_bias ? &w.bk : nullptr);
-    ops::matmul(w.wv, xn.data(), n, v.data(), w.has_bias ? &w.bv : nullptr);
-    cache.append(l, k.data(), v.data(), n);
-    cache.attend(l, q.data(), n, att.data());
+    if (w.has_kv) {
+      ops::matmul(w.wk, xn.data(), n, k.data(), w.has_bias ? &w.bk : nullptr);
+      ops::matmul(w.wv, xn.data(), n, v.data(), w.has_bias ? &w.bv : nullptr);
+      cache.append(w.cache_layer, k.data(), v.data(), n);
+    }
+    cache.attend(w.cache_layer, q.data(), n, att.data());
     ops::matmul(w.wo, att.data(), n, proj.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
     ops::rmsnorm(x.data(), w.ffn_norm, c.rms_eps, n, H, xn.data());

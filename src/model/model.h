@@ -20,12 +20,17 @@ struct LayerWeights {
   TensorView w_gate, w_up;    // [ffn, hidden]
   TensorView w_down;          // [hidden, ffn]
   bool has_bias = false;
+  bool has_kv = true;        // false for YOCO cross-decoder layers (no wk/wv)
+  int64_t cache_layer = 0;   // which cache layer this layer's attention reads
 };
 
 class Model {
  public:
   // Loads a Hugging Face folder (config.json + safetensors). Throws Error.
   static std::unique_ptr<Model> load_hf(const std::string& dir);
+  // Loads a .tinygpt file (model/tinygpt.cc); the embedded tokenizer.json, if
+  // any, is returned through tokenizer_json.
+  static std::unique_ptr<Model> load_tinygpt(const std::string& path, std::string* tokenizer_json);
   // Builds from an already-parsed config and a tensor store using HF tensor names.
   Model(ModelConfig config, TensorStore store, std::string source);
 
@@ -48,6 +53,7 @@ class Model {
   TensorStore store_;
   std::string source_;
   TensorView embed_, final_norm_, lm_head_;
+  TensorView yoco_kv_norm_, yoco_wk_, yoco_wv_;  // YOCO global K/V projection
   std::vector<LayerWeights> layers_;
 };
 
