@@ -1,0 +1,523 @@
+// Encoding pipeline: added-token extraction -> normalizer -> pre-tokenizer ->
+// BPE -> post-processor, mirroring the order and semantics of HF tokenizers.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "tokenizer/impl.h"
+
+namespace ptllm::tok_detail {
+
+namespace {
+
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  size_t pos = s.find(from);
+  if (pos == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size() + (to.size() > from.size() ? (to.size() - from.size()) * 8 : 0));
+  size_t last = 0;
+  while (pos != std::string::npos) {
+    out.append(s, last, pos - last);
+    out.append(to);
+    last = pos + from.size();
+    pos = s.find(from, last);
+  }
+  out.append(s, last, std::string::npos);
+  s.swap(out);
+}
+
+// (start, end, is_match) covering the whole string, like HF's Pattern::find_matches.
+struct Span {
+  size_t b, e;
+  bool match;
+};
+
+void spans_from_matches(size_t n, const std::vector<std::pair<size_t, size_t>>& m, std::vector<Span>& out) {
+  out.clear();
+  size_t prev = 0;
+  for (auto [b, e] : m) {
+    if (prev != b) out.push_back({prev, b, false});
+    out.push_back({b, e, true});
+    prev = e;
+  }
+  if (prev != n) out.push_back({prev, n, false});
+}
+
+// Every character satisfying `pred` is its own match (HF's `Fn(char) -> bool` pattern).
+template <typename Pred>
+void spans_from_chars(std::string_view s, Pred&& pred, std::vector<Span>& out) {
+  out.clear();
+  size_t last = 0, i = 0;
+  while (i < s.size()) {
+    const size_t b = i;
+    const uint32_t cp = utf8_next(s, i);
+    if (pred(cp)) {
+      if (last < b) out.push_back({last, b, false});
+      out.push_back({b, i, true});
+      last = i;
+    }
+  }
+  if (last < s.size()) out.push_back({last, s.size(), false});
+}
+
+void literal_matches(std::string_view s, std::string_view lit, std::vector<std::pair<size_t, size_t>>& out) {
+  if (lit.empty()) return;
+  size_t pos = s.find(lit);
+  while (pos != std::string_view::npos) {
+    out.emplace_back(pos, pos + lit.size());
+    pos = s.find(lit, pos + lit.size());
+  }
+}
+
+// Applies a SplitDelimiterBehavior to `spans` and appends the non-empty pieces.
+void emit_split(const Piece& p, std::vector<Span>& spans, SplitBehavior behavior, bool invert,
+                std::vector<Piece>& out) {
+  if (invert)
+    for (auto& s : spans) s.match = !s.match;
+  std::vector<Span> res;
+  res.reserve(spans.size());
+  switch (behavior) {
+    case SplitBehavior::Removed:
+      for (auto& s : spans)
+        if (!s.match) res.push_back(s);
+      break;
+    case SplitBehavior::Isolated:
+      res = spans;
+      break;
+    case SplitBehavior::MergedWithPrevious: {
+      bool prev_match = false;
+      for (auto& s : spans) {
+        if (s.match && !prev_match && !res.empty())
+          res.back().e = s.e;
+        else
+          res.push_back(s);
+        prev_match = s.match;
+      }
+      break;
+    }
+    case SplitBehavior::MergedWithNext: {
+      bool prev_match = false;
+      for (size_t k = spans.size(); k-- > 0;) {
+        const Span& s = spans[k];
+        if (s.match && !prev_match && !res.empty())
+          res.back().b = s.b;
+        else
+          res.push_back(s);
+        prev_match = s.match;
+      }
+      std::reverse(res.begin(), res.end());
+      break;
+    }
+    case SplitBehavior::Contiguous: {
+      bool prev_match = false;
+      for (auto& s : spans) {
+        if (s.match == prev_match && !res.empty())
+          res.back().e = s.e;
+        else
+          res.push_back(s);
+        prev_match = s.match;
+      }
+      break;
+    }
+  }
+  for (auto& s : res) {
+    if (s.e <= s.b) continue;
+    out.push_back(Piece{p.text.substr(s.b, s.e - s.b), p.at_origin && s.b == 0});
+  }
+}
+
+std::string to_byte_level(std::string_view s) {
+  const uint32_t* map = byte_to_cp();
+  std::string out;
+  out.reserve(s.size() * 2);
+  for (unsigned char c : s) utf8_append(out, map[c]);
+  return out;
+}
+
+}  // namespace
+
+// --------------------------------------------------------------- normalizer
+void Normalizer::apply(std::string& s) const {
+  switch (kind) {
+    case Kind::Sequence:
+      for (auto& c : children) c.apply(s);
+      break;
+    case Kind::Prepend:
+      if (!s.empty()) s.insert(0, a);
+      break;
+    case Kind::Replace:
+      if (regex) {
+        std::vector<std::pair<size_t, size_t>> m;
+        regex->find_all(s, m);
+        if (m.empty()) break;
+        std::string out;
+        size_t last = 0;
+        for (auto [mb, me] : m) {
+          out.append(s, last, mb - last);
+          out.append(b);
+          last = me;
+        }
+        out.append(s, last, std::string::npos);
+        s.swap(out);
+      } else {
+        replace_all(s, a, b);
+      }
+      break;
+    case Kind::Unicode:
+      s = unicode_normalize(s, form);
+      break;
+    case Kind::Lowercase:
+      s = unicode_lowercase(s);
+      break;
+    case Kind::Strip: {
+      size_t b0 = 0, e0 = s.size();
+      if (left) {
+        size_t i = 0;
+        while (i < s.size()) {
+          size_t j = i;
+          if (!is_white_space(utf8_next(s, j))) break;
+          i = j;
+        }
+        b0 = i;
+      }
+      if (right) {
+        // Walk forward remembering where the trailing whitespace run starts.
+        size_t i = b0, run = std::string::npos;
+        while (i < s.size()) {
+          size_t j = i;
+          const bool ws = is_white_space(utf8_next(s, j));
+          if (ws && run == std::string::npos) run = i;
+          if (!ws) run = std::string::npos;
+          i = j;
+        }
+        if (run != std::string::npos) e0 = run;
+      }
+      s = s.substr(b0, e0 - b0);
+      break;
+    }
+  }
+}
+
+// ------------------------------------------------------------ pre-tokenizer
+void PreTokenizer::apply(std::vector<Piece>& pieces) const {
+  if (kind == Kind::Sequence) {
+    for (auto& c : children) c.apply(pieces);
+    return;
+  }
+  std::vector<Piece> out;
+  out.reserve(pieces.size() * 4);
+  std::vector<std::pair<size_t, size_t>> m;
+  std::vector<Span> spans;
+  for (Piece& p : pieces) {
+    switch (kind) {
+      case Kind::Split:
+        m.clear();
+        if (regex)
+          regex->find_all(p.text, m);
+        else
+          literal_matches(p.text, literal, m);
+        spans_from_matches(p.text.size(), m, spans);
+        emit_split(p, spans, behavior, invert, out);
+        break;
+      case Kind::ByteLevel: {
+        if (add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;  // (insert(0, ...) trips a GCC 12 -Wrestrict false positive)
+        const size_t first = out.size();
+        if (regex) {
+          m.clear();
+          regex->find_all(p.text, m);
+          spans_from_matches(p.text.size(), m, spans);
+          emit_split(p, spans, SplitBehavior::Isolated, false, out);
+        } else if (!p.text.empty()) {
+          out.push_back(std::move(p));
+        }
+        for (size_t k = first; k < out.size(); ++k) out[k].text = to_byte_level(out[k].text);
+        break;
+      }
+      case Kind::Digits:
+        spans_from_chars(p.text, [](uint32_t cp) { return is_numeric(cp); }, spans);
+        emit_split(p, spans, individual_digits ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, out);
+        break;
+      case Kind::Metaspace: {
+        replace_all(p.text, " ", replacement);
+        const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
+        if (!starts && (prepend_scheme == 0 || (prepend_scheme == 1 && p.at_origin))) p.text.insert(0, replacement);
+        if (split) {
+          m.clear();
+          literal_matches(p.text, replacement, m);  // one match per replacement char
+          spans_from_matches(p.text.size(), m, spans);
+          emit_split(p, spans, SplitBehavior::MergedWithNext, false, out);
+        } else if (!p.text.empty()) {
+          out.push_back(std::move(p));
+        }
+        break;
+      }
+      case Kind::WhitespaceSplit:
+        spans_from_chars(p.text, [](uint32_t cp) { return is_white_space(cp); }, spans);
+        emit_split(p, spans, SplitBehavior::Removed, false, out);
+        break;
+      case Kind::Whitespace:
+        m.clear();
+        regex->find_all(p.text, m);
+        spans_from_matches(p.text.size(), m, spans);
+        emit_split(p, spans, SplitBehavior::Removed, true, out);
+        break;
+      case Kind::Sequence:
+        break;
+    }
+  }
+  pieces.swap(out);
+}
+
+// --------------------------------------------------------------------- BPE
+namespace {
+struct Symbol {
+  int32_t id;
+  int32_t prev, next;
+  int32_t len;  // bytes covered; 0 marks a symbol merged into its left neighbour
+};
+struct Cand {
+  int32_t rank, pos, merged;
+};
+// Min-heap on (rank, pos): lowest rank first, leftmost on ties (HF's order).
+struct CandGreater {
+  bool operator()(const Cand& x, const Cand& y) const {
+    return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos;
+  }
+};
+}  // namespace
+
+void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (ignore_merges) {
+    const int32_t id = vocab_map.find(word);
+    if (id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+  thread_local std::vector<Symbol> sym;
+  thread_local std::vector<Cand> heap;
+  thread_local std::string tmp;
+  sym.clear();
+  auto add = [&](int32_t id, int32_t len) {
+    const int32_t idx = int32_t(sym.size());
+    sym.push_back({id, idx - 1, -1, len});
+    if (idx > 0) sym[size_t(idx - 1)].next = idx;
+  };
+  const bool plain = continuing_subword_prefix.empty() && end_of_word_suffix.empty();
+  int32_t unk_pending_len = 0;  // > 0 while an unk symbol waits to be emitted
+  size_t i = 0;
+  while (i < word.size()) {
+    const size_t b = i;
+    const uint32_t cp = utf8_next(word, i);
+    const int32_t len = int32_t(i - b);
+    int32_t id = -1;
+    std::string_view s = word.substr(b, size_t(len));
+    if (plain && cp < cp_ids.size()) {
+      id = cp_ids[cp];
+    } else {
+      if (!plain) {
+        tmp.clear();
+        if (b != 0) tmp += continuing_subword_prefix;
+        tmp.append(s);
+        if (i == word.size()) tmp += end_of_word_suffix;
+        s = tmp;
+      }
+      id = vocab_map.find(s);
+    }
+    if (id >= 0) {
+      if (unk_pending_len) {
+        add(unk_id, unk_pending_len);
+        unk_pending_len = 0;
+      }
+      add(id, len);
+      continue;
+    }
+    if (byte_fallback) {
+      bool all = true;
+      for (unsigned char c : s) all = all && byte_ids[c] >= 0;
+      if (all) {
+        // HF does not flush a pending unk here; keep its (odd) order.
+        for (unsigned char c : s) add(byte_ids[c], 1);
+        continue;
+      }
+    }
+    if (unk_id >= 0) {
+      if (unk_pending_len && !fuse_unk) add(unk_id, unk_pending_len), unk_pending_len = 0;
+      unk_pending_len += len;
+    }
+    // No unk token: HF silently drops the character.
+  }
+  if (unk_pending_len) add(unk_id, unk_pending_len);
+
+  if (sym.size() > 1) {
+    heap.clear();
+    int32_t rank, merged;
+    for (size_t k = 0; k + 1 < sym.size(); ++k)
+      if (merges.find(sym[k].id, sym[k + 1].id, &rank, &merged)) heap.push_back({rank, int32_t(k), merged});
+    std::make_heap(heap.begin(), heap.end(), CandGreater{});
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), CandGreater{});
+      const Cand top = heap.back();
+      heap.pop_back();
+      Symbol& left = sym[size_t(top.pos)];
+      if (left.len == 0 || left.next < 0) continue;
+      const int32_t rpos = left.next;
+      Symbol& right = sym[size_t(rpos)];
+      // Stale entry check exactly as HF: the pair now at `pos` must still
+      // merge into the same token.
+      if (!merges.find(left.id, right.id, &rank, &merged) || merged != top.merged) continue;
+      left.id = top.merged;
+      left.len += right.len;
+      left.next = right.next;
+      right.len = 0;
+      if (right.next >= 0) sym[size_t(right.next)].prev = top.pos;
+      if (left.prev >= 0 && merges.find(sym[size_t(left.prev)].id, left.id, &rank, &merged)) {
+        heap.push_back({rank, left.prev, merged});
+        std::push_heap(heap.begin(), heap.end(), CandGreater{});
+      }
+      if (left.next >= 0 && merges.find(left.id, sym[size_t(left.next)].id, &rank, &merged)) {
+        heap.push_back({rank, top.pos, merged});
+        std::push_heap(heap.begin(), heap.end(), CandGreater{});
+      }
+    }
+  }
+  for (const Symbol& s : sym)
+    if (s.len) out.push_back(s.id);
+}
+
+// ------------------------------------------------------------ post-process
+void PostProcessor::apply(std::vector<int32_t>& ids) const {
+  switch (kind) {
+    case Kind::None:
+    case Kind::ByteLevel:  // only adjusts offsets, never ids
+      break;
+    case Kind::Sequence:
+      for (auto& c : children) c.apply(ids);
+      break;
+    case Kind::Template:
+    case Kind::Bert:
+      if (!prefix.empty()) ids.insert(ids.begin(), prefix.begin(), prefix.end());
+      ids.insert(ids.end(), suffix.begin(), suffix.end());
+      break;
+  }
+}
+
+// ------------------------------------------------------------------- encode
+namespace {
+struct Segment {
+  std::string text;
+  int32_t added = -1;  // index into Impl::added, or -1 for ordinary text
+  bool at_origin = false;
+};
+
+bool ends_with_word(std::string_view s) {
+  if (s.empty()) return false;
+  size_t i = s.size() - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  size_t j = i;
+  return is_word_char(utf8_next(s, j));
+}
+bool starts_with_word(std::string_view s) {
+  size_t i = 0;
+  return !s.empty() && is_word_char(utf8_next(s, i));
+}
+
+// HF AddedVocabulary::find_matches + split_with_indices.
+void split_added(const Impl& t, const TokenTrie& trie, std::string text, bool at_origin, std::vector<Segment>& out) {
+  if (text.empty()) return;
+  if (trie.empty()) {
+    out.push_back({std::move(text), -1, at_origin});
+    return;
+  }
+  const std::string_view s = text;
+  const size_t n = s.size();
+  size_t start_offset = 0, pos = 0;
+  auto plain = [&](size_t b, size_t e) { out.push_back({std::string(s.substr(b, e - b)), -1, at_origin && b == 0}); };
+  while (pos < n) {
+    if (!trie.may_start(static_cast<unsigned char>(s[pos]))) {
+      ++pos;
+      continue;
+    }
+    int32_t idx = -1;
+    const size_t len = trie.longest_at(s, pos, &idx);
+    if (!len) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos, stop = pos + len;
+    pos = stop;
+    const AddedToken& tok = t.added[size_t(idx)];
+    if (tok.single_word) {
+      const bool start_space = start == 0 || !ends_with_word(s.substr(0, start));
+      const bool stop_space = stop == n || !starts_with_word(s.substr(stop));
+      if (!start_space || !stop_space) continue;
+    }
+    if (tok.lstrip) {
+      // Start of the whitespace run that ends right before the token.
+      size_t i = 0, run = start;
+      while (i < start) {
+        size_t j = i;
+        const bool ws = is_white_space(utf8_next(s, j));
+        if (ws && run == start) run = i;
+        if (!ws) run = start;
+        i = j;
+      }
+      start = std::max(run, start_offset);
+    }
+    if (tok.rstrip) {
+      size_t i = stop;
+      while (i < n) {
+        size_t j = i;
+        if (!is_white_space(utf8_next(s, j))) break;
+        i = j;
+      }
+      stop = i;
+    }
+    if (start_offset < start) plain(start_offset, start);
+    out.push_back({std::string(s.substr(start, stop - start)), idx, false});
+    start_offset = stop;
+  }
+  if (start_offset != n) plain(start_offset, n);
+}
+}  // namespace
+
+std::vector<int32_t> Impl::encode(std::string_view text, bool add_special) const {
+  size_t bad_at = 0;
+  if (!utf8_valid(text, &bad_at) && !bpe.byte_fallback && !byte_level)
+    fail("tokenizer input: invalid UTF-8 at byte offset {} (this tokenizer has neither byte fallback nor a "
+         "byte-level alphabet, so such bytes cannot be encoded)",
+         bad_at);
+
+  // 1. Added tokens that match the raw text; 2. normalize what is left and
+  // match the normalized added tokens in it.
+  std::vector<Segment> raw, segs;
+  split_added(*this, trie_raw, std::string(text), true, raw);
+  for (Segment& sg : raw) {
+    if (sg.added >= 0) {
+      segs.push_back(std::move(sg));
+      continue;
+    }
+    if (normalizer) normalizer->apply(sg.text);
+    split_added(*this, trie_normalized, std::move(sg.text), sg.at_origin, segs);
+  }
+
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  std::vector<Piece> pieces;
+  for (Segment& sg : segs) {
+    if (sg.added >= 0) {
+      ids.push_back(added[size_t(sg.added)].id);
+      continue;
+    }
+    pieces.clear();
+    pieces.push_back(Piece{std::move(sg.text), sg.at_origin});
+    if (pre_tokenizer) pre_tokenizer->apply(pieces);
+    for (const Piece& p : pieces) bpe.tokenize(p.text, ids);
+  }
+  if (add_special) post.apply(ids);
+  return ids;
+}
+
+}  // namespace ptllm::tok_detail
