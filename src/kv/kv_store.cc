@@ -1,0 +1,204 @@
+#include "kv/kv_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kv/cache_options.h"
+#include "ops/ops.h"
+
+namespace ptllm {
+namespace {
+
+// fp32 / fp16 / bf16 rows: a plain cast of each value. Elem is float or uint16_t.
+template <typename Elem, DType D>
+class PlainStore : public KVStore {
+ public:
+  PlainStore(int64_t n_heads, int64_t capacity, int64_t head_dim)
+      : KVStore(n_heads, capacity, head_dim), data_(static_cast<size_t>(n_heads * capacity * head_dim)) {}
+
+  void append(const float* x, int64_t n) override {
+    const int64_t hd = head_dim_;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < n_heads_; ++h) {
+        const float* src = x + (t * n_heads_ + h) * hd;
+        Elem* dst = data_.data() + (h * capacity_ + len_ + t) * hd;
+        for (int64_t i = 0; i < hd; ++i) dst[i] = encode(src[i]);
+      }
+    len_ += n;
+  }
+  void evict(int64_t begin, int64_t end) override {
+    const int64_t hd = head_dim_;
+    for (int64_t h = 0; h < n_heads_; ++h) {
+      Elem* base = data_.data() + h * capacity_ * hd;
+      std::memmove(base + begin * hd, base + end * hd, size_t((len_ - end) * hd) * sizeof(Elem));
+    }
+    len_ -= end - begin;
+  }
+  void read(int64_t head, float* out) const override {
+    const Elem* src = data_.data() + head * capacity_ * head_dim_;
+    if constexpr (D == DType::F32) {
+      std::copy_n(src, len_ * head_dim_, out);
+    } else {
+      ops::to_f32(src, D, out, len_ * head_dim_);
+    }
+  }
+  const float* fp32_rows(int64_t head) const override {
+    if constexpr (D == DType::F32) return data_.data() + head * capacity_ * head_dim_;
+    return nullptr;
+  }
+  size_t payload_bytes() const override { return size_t(len_ * n_heads_ * head_dim_) * sizeof(Elem); }
+
+ private:
+  static Elem encode(float x) {
+    if constexpr (D == DType::F32) return x;
+    if constexpr (D == DType::F16) return f32_to_f16(x);
+    if constexpr (D == DType::BF16) return f32_to_bf16(x);
+  }
+  std::vector<Elem> data_;  // [n_heads, capacity, head_dim]
+};
+
+kivi::QuantRange range_of(KVStorage s) { return s == KVStorage::Int8 ? kivi::kInt8Range : kivi::kInt4Range; }
+
+}  // namespace
+
+std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim) {
+  switch (s) {
+    case KVStorage::F32: return std::make_unique<PlainStore<float, DType::F32>>(n_heads, capacity, head_dim);
+    case KVStorage::F16: return std::make_unique<PlainStore<uint16_t, DType::F16>>(n_heads, capacity, head_dim);
+    case KVStorage::BF16: return std::make_unique<PlainStore<uint16_t, DType::BF16>>(n_heads, capacity, head_dim);
+    case KVStorage::Int8:
+    case KVStorage::Int4: return std::make_unique<KiviValueStore>(range_of(s), n_heads, capacity, head_dim);
+  }
+  fail("KV store: unknown storage");
+}
+
+std::unique_ptr<KVStore> make_key_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim) {
+  if (s == KVStorage::Int8 || s == KVStorage::Int4)
+    return std::make_unique<KiviKeyStore>(range_of(s), n_heads, capacity, head_dim);
+  return make_value_store(s, n_heads, capacity, head_dim);
+}
+
+// ---------------- KIVI keys: per channel ----------------
+
+KiviKeyStore::KiviKeyStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim)
+    : KVStore(n_heads, capacity, head_dim),
+      r_(r),
+      row_(kivi::row_bytes(head_dim, r)),
+      codes_(size_t(n_heads * capacity) * row_),
+      params_(size_t(n_heads * head_dim)) {}
+
+void KiviKeyStore::append(const float* x, int64_t n) {
+  const int64_t hd = head_dim_, total = len_ + n;
+  // Per head: dequantise what is stored, add the new rows, then choose new
+  // per-channel parameters over all of them and re-quantise (the simple scheme).
+  // Heads are independent; parallel when there is enough work to pay for it.
+#pragma omp parallel for schedule(static) if (n_heads_ * total * hd >= (1 << 15))
+  for (int64_t h = 0; h < n_heads_; ++h) {
+    std::vector<float> all(static_cast<size_t>(total * hd));
+    std::vector<uint8_t> u(static_cast<size_t>(hd));
+    read(h, all.data());
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(x + (t * n_heads_ + h) * hd, hd, all.data() + (len_ + t) * hd);
+    std::vector<float> lo(static_cast<size_t>(hd), INFINITY), hi(static_cast<size_t>(hd), -INFINITY);
+    for (int64_t t = 0; t < total; ++t)
+      for (int64_t c = 0; c < hd; ++c) {
+        const float v = all[size_t(t * hd + c)];
+        lo[size_t(c)] = std::min(lo[size_t(c)], v);
+        hi[size_t(c)] = std::max(hi[size_t(c)], v);
+      }
+    std::vector<kivi::WideParams> w(static_cast<size_t>(hd));
+    for (int64_t c = 0; c < hd; ++c) {
+      auto& p = params_[size_t(h * hd + c)];
+      p = kivi::choose_params(lo[size_t(c)], hi[size_t(c)], r_);
+      w[size_t(c)] = kivi::widen(p);
+    }
+    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
+    for (int64_t t = 0; t < total; ++t) {
+      for (int64_t c = 0; c < hd; ++c) u[size_t(c)] = kivi::quantise(all[size_t(t * hd + c)], w[size_t(c)], r_);
+      kivi::pack_row(u.data(), hd, r_, base + size_t(t) * row_);
+    }
+  }
+  len_ = total;
+}
+
+void KiviKeyStore::evict(int64_t begin, int64_t end) {
+  // Codes are sliced; the per-channel parameters still cover every kept row
+  // (they were chosen over a superset) and are recomputed at the next append.
+  for (int64_t h = 0; h < n_heads_; ++h) {
+    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
+    std::memmove(base + size_t(begin) * row_, base + size_t(end) * row_, size_t(len_ - end) * row_);
+  }
+  len_ -= end - begin;
+}
+
+void KiviKeyStore::read(int64_t head, float* out) const {
+  const int64_t hd = head_dim_;
+  float scale[kMaxHeadDim], zero[kMaxHeadDim];
+  for (int64_t c = 0; c < hd; ++c) {
+    const kivi::WideParams w = kivi::widen(params_[size_t(head * hd + c)]);
+    scale[c] = w.scale;
+    zero[c] = w.zero;
+  }
+  const uint8_t* base = codes_.data() + size_t(head * capacity_) * row_;
+  for (int64_t t = 0; t < len_; ++t) kivi::dequantise_row(base + size_t(t) * row_, hd, r_, scale, zero, out + t * hd);
+}
+
+size_t KiviKeyStore::payload_bytes() const { return size_t(len_ * n_heads_) * row_; }
+// One fp16 scale + one fp16 zero per (head, channel), held once anything is stored.
+size_t KiviKeyStore::scale_bytes() const {
+  return len_ > 0 ? size_t(n_heads_ * head_dim_) * sizeof(kivi::AffineParams) : 0;
+}
+
+// ---------------- KIVI values: per token ----------------
+
+KiviValueStore::KiviValueStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim)
+    : KVStore(n_heads, capacity, head_dim),
+      r_(r),
+      row_(kivi::row_bytes(head_dim, r)),
+      codes_(size_t(n_heads * capacity) * row_),
+      params_(size_t(n_heads * capacity)) {}
+
+void KiviValueStore::append(const float* x, int64_t n) {
+  const int64_t hd = head_dim_;
+  std::vector<uint8_t> u(static_cast<size_t>(hd));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < n_heads_; ++h) {
+      const float* src = x + (t * n_heads_ + h) * hd;
+      float lo = INFINITY, hi = -INFINITY;
+      for (int64_t c = 0; c < hd; ++c) {
+        lo = std::min(lo, src[c]);
+        hi = std::max(hi, src[c]);
+      }
+      auto& p = params_[size_t(h * capacity_ + len_ + t)];
+      p = kivi::choose_params(lo, hi, r_);
+      const kivi::WideParams w = kivi::widen(p);
+      for (int64_t c = 0; c < hd; ++c) u[size_t(c)] = kivi::quantise(src[c], w, r_);
+      kivi::pack_row(u.data(), hd, r_, codes_.data() + size_t(h * capacity_ + len_ + t) * row_);
+    }
+  len_ += n;
+}
+
+void KiviValueStore::evict(int64_t begin, int64_t end) {
+  // Codes and their per-token parameters move together.
+  for (int64_t h = 0; h < n_heads_; ++h) {
+    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
+    std::memmove(base + size_t(begin) * row_, base + size_t(end) * row_, size_t(len_ - end) * row_);
+    kivi::AffineParams* pb = params_.data() + h * capacity_;
+    std::memmove(pb + begin, pb + end, size_t(len_ - end) * sizeof(kivi::AffineParams));
+  }
+  len_ -= end - begin;
+}
+
+void KiviValueStore::read(int64_t head, float* out) const {
+  const int64_t hd = head_dim_;
+  const uint8_t* base = codes_.data() + size_t(head * capacity_) * row_;
+  const kivi::AffineParams* pb = params_.data() + head * capacity_;
+  for (int64_t t = 0; t < len_; ++t)
+    kivi::dequantise_row(base + size_t(t) * row_, hd, r_, kivi::widen(pb[t]), out + t * hd);
+}
+
+size_t KiviValueStore::payload_bytes() const { return size_t(len_ * n_heads_) * row_; }
+size_t KiviValueStore::scale_bytes() const { return size_t(len_ * n_heads_) * sizeof(kivi::AffineParams); }
+
+}  // namespace ptllm

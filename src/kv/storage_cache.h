@@ -1,0 +1,62 @@
+// The cache behind every --kv-quantize / --streaming-llm-* setting: two
+// KVStores per layer (K and V in fp32, fp16, bf16 or KIVI int8/int4), an
+// optional StreamingLLM bound (N sinks + last M tokens), and attention that
+// reads each head back as fp32.
+//
+// RoPE: with `reposition` (default) keys are stored un-rotated and rotated at
+// read time at their slot 0..len-1, the query at its own slot; without
+// eviction slot == position, so an unbounded cache gives the exact absolute
+// result. With `absolute` keys are rotated at their original position before
+// they are stored and the query uses its absolute position.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "kv/cache_options.h"
+#include "kv/kv_store.h"
+
+namespace ptllm {
+
+class StorageKVCache : public KVCache {
+ public:
+  // shape.capacity = slots per layer (make_cache sets it to N+M for StreamingLLM).
+  StorageKVCache(const KVCacheShape& shape, const CacheOptions& o);
+  void append(int64_t layer, const float* k, const float* v, int64_t n) override;
+  void attend(int64_t layer, const float* q, int64_t n, float* out) override;
+  int64_t stored(int64_t layer) const override { return k_[size_t(layer)]->size(); }
+  int64_t room() const override;
+  bool bounded() const override { return opt_.streaming(); }
+  size_t payload_bytes() const override;
+  size_t scale_bytes() const override;
+  std::string describe() const override;
+  void clear() override;
+
+  const CacheOptions& options() const { return opt_; }
+  // Stored keys/values of (layer, kv head) as fp32 [stored, head_dim], exactly
+  // what attention reads (keys before the read-time rotation). For tests.
+  std::vector<float> read_keys(int64_t layer, int64_t head) const;
+  std::vector<float> read_values(int64_t layer, int64_t head) const;
+  // Absolute position of each stored slot of `layer`.
+  const std::vector<int64_t>& slot_positions(int64_t layer) const { return pos_[size_t(layer)]; }
+
+ private:
+  CacheOptions opt_;
+  std::vector<std::unique_ptr<KVStore>> k_, v_;  // per layer
+  std::vector<std::vector<int64_t>> pos_;        // per layer: absolute position of each slot
+  // Reposition: cos/sin of every slot position 0..capacity-1, [capacity, head_dim/2] each,
+  // computed once so decoding does no sincos.
+  std::vector<float> cos_, sin_;
+  // fp32 read-back of one layer's K and V, [n_kv_heads, capacity, head_dim] each.
+  std::vector<float> kbuf_, vbuf_;
+};
+
+}  // namespace ptllm
+
+namespace ptllm {
+// Attention of one query head over fp32 keys (already rotated) and values,
+// both [len, head_dim]; slot t is visible when key_pos[t] is within the
+// model's window of q_pos (window 0 = none). scores: scratch of len floats.
+// Only fp32 pointers are accepted: quantised codes cannot reach the softmax.
+void attend_head(const float* q, const float* k, const float* v, int64_t len, int64_t head_dim,
+                 const int64_t* key_pos, int64_t q_pos, int64_t window, float* scores, float* out);
+}  // namespace ptllm
