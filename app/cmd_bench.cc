@@ -1,0 +1,168 @@
+// `bench`: prefill and decode throughput of the forward pass, llama-bench style.
+//
+// Each repeat builds a fresh cache, times one forward over --prompt-tokens
+// (prefill), then times --gen-tokens single-token forwards (decode). With
+// --depth D the decode is timed after the cache already holds D tokens (the
+// fill itself is not timed), so decode speed at a given context is visible.
+// Tokens are deterministic pseudo-random ids: speed does not depend on them.
+// Results are mean ± sample standard deviation over the repeats, after one
+// untimed warm-up repeat (page faults of the mmapped weights, cache warm-up).
+#include <fmt/core.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "core/error.h"
+#include "engine/session.h"
+#include "kv/cache_options.h"
+#include "ops/ops.h"
+
+namespace ptllm::cli {
+namespace {
+
+struct Stat {
+  double mean = 0, sd = 0;
+};
+Stat stats(const std::vector<double>& v) {
+  Stat s;
+  if (v.empty()) return s;
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(ss / double(v.size() - 1));
+  }
+  return s;
+}
+
+double peak_rss_mib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& root) {
+  struct Opts {
+    std::string model;
+    int64_t prompt_tokens = 512, gen_tokens = 128, repeat = 5, depth = 0;
+    bool json = false, no_warmup = false;
+    int threads = 0;
+    CacheOptions cache;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = root.add_subcommand("bench", "Measure prefill and decode tokens/s (mean ± sd over repeats)");
+  cmd->add_option("model", o->model, "Model folder (default: the bundled flagship-27m)");
+  cmd->add_option("--prompt-tokens,-p", o->prompt_tokens, "Prompt length for the prefill test; 0 = skip (default 512)");
+  cmd->add_option("--gen-tokens,-n", o->gen_tokens, "Tokens decoded one at a time; 0 = skip (default 128)");
+  cmd->add_option("--repeat,-r", o->repeat, "Timed repetitions (default 5)");
+  cmd->add_option("--depth,-d", o->depth,
+                  "Tokens already in the cache before the decode test (filled untimed; default 0)");
+  cmd->add_flag("--no-warmup", o->no_warmup, "Skip the untimed warm-up repetition");
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  add_threads_flag(cmd, o->threads);
+  cmd->callback([o] {
+    if (o->prompt_tokens < 0) fail("--prompt-tokens {}: expected >= 0", o->prompt_tokens);
+    if (o->gen_tokens < 0) fail("--gen-tokens {}: expected >= 0", o->gen_tokens);
+    if (o->repeat < 1) fail("--repeat {}: expected >= 1", o->repeat);
+    if (o->depth < 0) fail("--depth {}: expected >= 0", o->depth);
+    if (o->prompt_tokens == 0 && o->gen_tokens == 0) fail("--prompt-tokens and --gen-tokens are both 0: nothing to time");
+    validate(o->cache);
+    apply_threads(o->threads);
+    const std::string path = o->model.empty() ? default_model_path() : o->model;
+    LoadedModel lm = load_model(path);
+    const Model& model = *lm.model;
+    const auto& cfg = model.config();
+
+    // Deterministic ids, avoiding the first few (special) ids.
+    std::mt19937_64 rng(1234);
+    std::uniform_int_distribution<int32_t> pick(std::min<int32_t>(3, cfg.vocab_size - 1), cfg.vocab_size - 1);
+    const int64_t fill = std::max(o->prompt_tokens, o->depth);
+    std::vector<int32_t> ids(size_t(fill + o->gen_tokens + 1));
+    for (auto& id : ids) id = pick(rng);
+
+    // An unbounded cache must hold the prefill, or the fill plus the decode.
+    const int64_t capacity = std::max<int64_t>({o->prompt_tokens, o->depth + o->gen_tokens, 1});
+    std::vector<float> logits(size_t(cfg.vocab_size));
+    using clock = std::chrono::steady_clock;
+    auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+
+    std::vector<double> pp_tps, tg_tps;
+    std::string cache_desc;
+    size_t cache_bytes = 0;
+    const int64_t runs = o->repeat + (o->no_warmup ? 0 : 1);
+    for (int64_t r = 0; r < runs; ++r) {
+      const bool timed = o->no_warmup || r > 0;
+      if (o->prompt_tokens > 0) {
+        auto cache = make_cache(model.cache_shape(capacity), o->cache);
+        auto t0 = clock::now();
+        for (int64_t off = 0; off < o->prompt_tokens;) {
+          const int64_t chunk = std::min(o->prompt_tokens - off, std::max<int64_t>(cache->room(), 1));
+          model.forward(ids.data() + off, chunk, *cache, logits.data(), false);
+          off += chunk;
+        }
+        const double s = secs(t0, clock::now());
+        if (timed) pp_tps.push_back(double(o->prompt_tokens) / s);
+      }
+      if (o->gen_tokens > 0) {
+        auto cache = make_cache(model.cache_shape(capacity), o->cache);
+        for (int64_t off = 0; off < o->depth;) {
+          const int64_t chunk = std::min<int64_t>({o->depth - off, std::max<int64_t>(cache->room(), 1), 512});
+          model.forward(ids.data() + off, chunk, *cache, logits.data(), false);
+          off += chunk;
+        }
+        auto t0 = clock::now();
+        for (int64_t i = 0; i < o->gen_tokens; ++i)
+          model.forward(&ids[size_t(o->depth + i)], 1, *cache, logits.data(), false);
+        const double s = secs(t0, clock::now());
+        if (timed) tg_tps.push_back(double(o->gen_tokens) / s);
+        cache_desc = cache->describe();
+        cache_bytes = cache->payload_bytes() + cache->scale_bytes();
+      }
+    }
+    const Stat pp = stats(pp_tps), tg = stats(tg_tps);
+    const int threads = ops::num_threads();
+    const std::string simd(ops::simd_level_name(ops::simd_level()));
+    if (o->json) {
+      nlohmann::json j;
+      j["model"] = path;
+      j["threads"] = threads;
+      j["simd"] = simd;
+      j["repeat"] = o->repeat;
+      j["weight_bytes"] = model.weight_bytes();
+      j["cache"] = describe(o->cache);
+      j["peak_rss_mib"] = peak_rss_mib();
+      if (o->prompt_tokens > 0)
+        j["prefill"] = {{"tokens", o->prompt_tokens}, {"tps_mean", pp.mean}, {"tps_sd", pp.sd}, {"tps", pp_tps}};
+      if (o->gen_tokens > 0)
+        j["decode"] = {{"tokens", o->gen_tokens}, {"depth", o->depth},     {"tps_mean", tg.mean},
+                       {"tps_sd", tg.sd},         {"tps", tg_tps},         {"cache_bytes_at_end", cache_bytes},
+                       {"cache_desc", cache_desc}};
+      fmt::print("{}\n", j.dump(2));
+      return;
+    }
+    fmt::print("model {} · {} threads · {} · cache {} · weights {:.1f} MB · {} repeats\n", path, threads, simd,
+               describe(o->cache), double(model.weight_bytes()) / 1e6, o->repeat);
+    fmt::print("| test           |        tokens/s |\n| -------------- | --------------: |\n");
+    if (o->prompt_tokens > 0) fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} |\n", fmt::format("pp{}", o->prompt_tokens), pp.mean, pp.sd);
+    if (o->gen_tokens > 0) {
+      const std::string name =
+          o->depth > 0 ? fmt::format("tg{} @ d{}", o->gen_tokens, o->depth) : fmt::format("tg{}", o->gen_tokens);
+      fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} |\n", name, tg.mean, tg.sd);
+    }
+    fmt::print("peak RSS {:.1f} MiB\n", peak_rss_mib());
+    if (capacity > cfg.max_position)
+      fmt::print("note: {} stored tokens exceeds the model's context of {} (speed only; outputs are not meaningful)\n",
+                 capacity, cfg.max_position);
+  });
+}
+
+}  // namespace ptllm::cli
