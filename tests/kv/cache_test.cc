@@ -1,1 +1,376 @@
-// placeholder, filled below
+// The cache behind --kv-quantize / --streaming-llm-*: reference greedy tokens
+// with fp32 storage, StreamingLLM bound and eviction semantics, logits of the
+// reduced-precision modes against fp32, byte counts against the formula in
+// docs/CACHE.md, and option validation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "kv/cache_options.h"
+#include "kv/storage_cache.h"
+#include "model/model.h"
+#include "sampling/sampler.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+// Greedy steps whose reference top-1/top-2 margin is below this may flip legitimately.
+constexpr double kMarginFloor = 1e-3;
+
+std::string flagship_dir() { return test::repo_dir() + "/models/flagship-27m"; }
+std::string stories_dir() { return test::repo_dir() + "/models/stories260K"; }
+
+const Model& flagship() {
+  static std::unique_ptr<Model> m = Model::load_hf(flagship_dir());
+  return *m;
+}
+
+CacheOptions opts(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition) {
+  CacheOptions o;
+  o.storage = s;
+  o.sink = sink;
+  o.window = window;
+  o.rope_mode = r;
+  return o;
+}
+
+// Reference sequences: prompt ids followed by transformers' greedy tokens.
+struct RefSeq {
+  std::vector<int32_t> prompt, greedy;
+  std::vector<double> margin;
+};
+std::vector<RefSeq> flagship_refs() {
+  auto ref = test::load_json(flagship_dir() + "/reference.json");
+  std::vector<RefSeq> out;
+  for (auto& p : ref["prompts"])
+    out.push_back({p["prompt_ids"].get<std::vector<int32_t>>(), p["greedy_new_tokens"].get<std::vector<int32_t>>(),
+                   p["top1_top2_margin"].get<std::vector<double>>()});
+  return out;
+}
+
+// Teacher-forced logits of every step after the prompt: [steps][vocab].
+std::vector<std::vector<float>> forced_logits(const Model& m, KVCache& cache, const RefSeq& r) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<std::vector<float>> out;
+  std::vector<float> logits(static_cast<size_t>(V));
+  m.forward(r.prompt.data(), int64_t(r.prompt.size()), cache, logits.data(), false);
+  out.push_back(logits);
+  for (size_t i = 0; i + 1 < r.greedy.size(); ++i) {
+    m.forward(&r.greedy[i], 1, cache, logits.data(), false);
+    out.push_back(logits);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// fp32 storage through StorageKVCache reproduces transformers' greedy tokens,
+// with either RoPE mode (no eviction: slot == position).
+TEST(StorageCache, Fp32ReproducesFlagshipReference) {
+  const Model& m = flagship();
+  const int64_t V = m.config().vocab_size;
+  for (RopeMode rm : {RopeMode::Reposition, RopeMode::Absolute})
+    for (const RefSeq& r : flagship_refs()) {
+      auto cache = make_cache(m.cache_shape(int64_t(r.prompt.size() + r.greedy.size())), opts(KVStorage::F32, 0, 0, rm));
+      std::vector<float> logits(static_cast<size_t>(V));
+      m.forward(r.prompt.data(), int64_t(r.prompt.size()), *cache, logits.data(), false);
+      int checked = 0;
+      for (size_t i = 0; i < r.greedy.size(); ++i) {
+        const int32_t got = Sampler::argmax(logits);
+        if (r.margin[i] <= kMarginFloor) break;  // greedy paths may diverge after a near-tie
+        ASSERT_EQ(got, r.greedy[i]) << "step " << i << " rope " << rope_mode_name(rm);
+        ++checked;
+        m.forward(&got, 1, *cache, logits.data(), false);
+      }
+      EXPECT_GT(checked, 10);
+    }
+}
+
+// Same logits as the original fp32 cache (tolerance: 1e-5 of max|logit|; the
+// arithmetic is the same, only the order of rotation differs).
+TEST(StorageCache, Fp32MatchesLegacyFp32Cache) {
+  const Model& m = flagship();
+  const RefSeq r = flagship_refs()[1];
+  const int64_t cap = int64_t(r.prompt.size() + r.greedy.size());
+  Fp32KVCache legacy(m.cache_shape(cap));
+  auto a = forced_logits(m, legacy, r);
+  auto cache = make_cache(m.cache_shape(cap), opts(KVStorage::F32));
+  auto b = forced_logits(m, *cache, r);
+  for (size_t s = 0; s < a.size(); ++s) {
+    float mx = 0, diff = 0;
+    for (size_t i = 0; i < a[s].size(); ++i) {
+      mx = std::max(mx, std::fabs(a[s][i]));
+      diff = std::max(diff, std::fabs(a[s][i] - b[s][i]));
+    }
+    ASSERT_LE(diff, 1e-5f * mx) << "step " << s;
+  }
+}
+
+// fp16 / bf16 / int8 / int4 against fp32, teacher-forced on the five reference
+// sequences. Stated tolerances (max |Δlogit| over max |logit| of the step, worst
+// step) and minimum top-1 agreement:
+struct Tol {
+  KVStorage s;
+  double rel;
+  double top1;
+};
+constexpr Tol kTolerances[] = {
+    {KVStorage::F16, 0.01, 0.98},
+    {KVStorage::BF16, 0.05, 0.95},
+    {KVStorage::Int8, 0.05, 0.95},
+    {KVStorage::Int4, 0.40, 0.70},
+};
+
+TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
+  const Model& m = flagship();
+  const auto refs = flagship_refs();
+  std::vector<std::vector<std::vector<float>>> base;
+  for (auto& r : refs) {
+    auto c = make_cache(m.cache_shape(int64_t(r.prompt.size() + r.greedy.size())), opts(KVStorage::F32));
+    base.push_back(forced_logits(m, *c, r));
+  }
+  for (const Tol& tol : kTolerances) {
+    double worst = 0;
+    int agree = 0, steps = 0;
+    for (size_t k = 0; k < refs.size(); ++k) {
+      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())), opts(tol.s));
+      auto got = forced_logits(m, *c, refs[k]);
+      for (size_t s = 0; s < got.size(); ++s) {
+        float mx = 0, diff = 0;
+        for (size_t i = 0; i < got[s].size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[s][i]));
+          mx = std::max(mx, std::fabs(base[k][s][i]));
+          diff = std::max(diff, std::fabs(got[s][i] - base[k][s][i]));
+        }
+        worst = std::max(worst, double(diff / mx));
+        agree += Sampler::argmax(got[s]) == Sampler::argmax(base[k][s]);
+        ++steps;
+      }
+    }
+    const double rate = double(agree) / steps;
+    std::printf("%s: worst max|dlogit|/max|logit| = %.5f, top-1 agreement %.3f (%d steps)\n",
+                std::string(storage_name(tol.s)).c_str(), worst, rate, steps);
+    EXPECT_LE(worst, tol.rel) << storage_name(tol.s);
+    EXPECT_GE(rate, tol.top1) << storage_name(tol.s);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// StreamingLLM: the stored count never exceeds N+M in any layer at any step,
+// the kept slots are the N sinks and the last M positions, logits stay finite.
+TEST(StreamingLLM, NeverStoresMoreThanSinkPlusWindow) {
+  auto m = Model::load_hf(stories_dir());
+  const int64_t N = 4, M = 20, steps = 200;
+  const int64_t V = m->config().vocab_size;
+  for (KVStorage st : kAllStorages)
+    for (RopeMode rm : {RopeMode::Reposition, RopeMode::Absolute}) {
+      auto cache = make_cache(m->cache_shape(m->config().max_position), opts(st, N, M, rm));
+      auto& sc = dynamic_cast<StorageKVCache&>(*cache);
+      ASSERT_TRUE(cache->bounded());
+      std::vector<float> logits(static_cast<size_t>(V));
+      std::vector<int32_t> prompt = {1, 400, 30, 200, 17, 90, 45};
+      m->forward(prompt.data(), int64_t(prompt.size()), *cache, logits.data(), false);
+      for (int64_t i = 0; i < steps; ++i) {
+        int32_t id = Sampler::argmax(logits);
+        m->forward(&id, 1, *cache, logits.data(), false);
+        for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+        const int64_t pos = cache->position();
+        for (int64_t l = 0; l < m->config().n_layers; ++l) {
+          ASSERT_LE(cache->stored(l), N + M) << "layer " << l << " step " << i;
+          ASSERT_EQ(cache->stored(l), std::min(pos, N + M));
+          const auto& sp = sc.slot_positions(l);
+          if (pos > N + M) {
+            for (int64_t t = 0; t < N; ++t) ASSERT_EQ(sp[size_t(t)], t);
+            for (int64_t t = 0; t < M; ++t) ASSERT_EQ(sp[size_t(N + t)], pos - M + t);
+          }
+        }
+        ASSERT_GE(cache->room(), 1);
+      }
+      EXPECT_EQ(cache->position(), int64_t(prompt.size()) + steps);
+    }
+}
+
+// With N+M >= every token seen, nothing is evicted: same logits as the unbounded cache.
+TEST(StreamingLLM, LargeBoundGivesUnboundedLogits) {
+  const Model& m = flagship();
+  const RefSeq r = flagship_refs()[2];
+  const int64_t total = int64_t(r.prompt.size() + r.greedy.size());
+  for (KVStorage st : kAllStorages)
+    for (RopeMode rm : {RopeMode::Reposition, RopeMode::Absolute}) {
+      auto unb = make_cache(m.cache_shape(total), opts(st, 0, 0, rm));
+      auto bnd = make_cache(m.cache_shape(total), opts(st, 4, total, rm));
+      ASSERT_TRUE(bnd->bounded());
+      auto a = forced_logits(m, *unb, r);
+      auto b = forced_logits(m, *bnd, r);
+      for (size_t s = 0; s < a.size(); ++s)
+        for (size_t i = 0; i < a[s].size(); ++i)
+          ASSERT_NEAR(a[s][i], b[s][i], 1e-5f * (1.f + std::fabs(a[s][i])))
+              << storage_name(st) << " " << rope_mode_name(rm) << " step " << s;
+    }
+}
+
+// Eviction + rotation semantics against a direct recomputation: the test keeps
+// its own list of surviving (pre-RoPE) K/V and runs the reference attend_fp32.
+TEST(StreamingLLM, AttentionMatchesRecomputationAfterEviction) {
+  KVCacheShape s;
+  s.n_layers = 1;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 8;
+  s.capacity = 1000;
+  const int64_t N = 2, M = 5, row = s.n_kv_heads * s.head_dim, qrow = s.n_heads * s.head_dim;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (RopeMode rm : {RopeMode::Reposition, RopeMode::Absolute}) {
+    auto cache = make_cache(s, opts(KVStorage::F32, N, M, rm));
+    std::vector<std::vector<float>> kept_k, kept_v;
+    std::vector<int64_t> kept_pos;
+    for (int64_t p = 0; p < 30; ++p) {
+      std::vector<float> k(static_cast<size_t>(row)), v(k.size()), q(static_cast<size_t>(qrow));
+      for (auto& x : k) x = d(rng);
+      for (auto& x : v) x = d(rng);
+      for (auto& x : q) x = d(rng);
+      cache->append(0, k.data(), v.data(), 1);
+      std::vector<float> out(static_cast<size_t>(qrow));
+      cache->attend(0, q.data(), 1, out.data());
+      cache->advance(1);
+      kept_k.push_back(k);
+      kept_v.push_back(v);
+      kept_pos.push_back(p);
+      if (int64_t(kept_k.size()) > N + M) {
+        kept_k.erase(kept_k.begin() + N);
+        kept_v.erase(kept_v.begin() + N);
+        kept_pos.erase(kept_pos.begin() + N);
+      }
+      const int64_t len = int64_t(kept_k.size());
+      ASSERT_EQ(cache->stored(0), len);
+      // Reference layout [kv_heads, len, head_dim]; keys rotated at slot or original position.
+      std::vector<float> K(static_cast<size_t>(s.n_kv_heads * len * s.head_dim)), Vv(K.size());
+      for (int64_t t = 0; t < len; ++t) {
+        std::vector<float> kr = kept_k[size_t(t)];
+        cache->rope().apply(kr.data(), s.n_kv_heads, double(rm == RopeMode::Reposition ? t : kept_pos[size_t(t)]));
+        for (int64_t h = 0; h < s.n_kv_heads; ++h)
+          for (int64_t c = 0; c < s.head_dim; ++c) {
+            K[size_t((h * len + t) * s.head_dim + c)] = kr[size_t(h * s.head_dim + c)];
+            Vv[size_t((h * len + t) * s.head_dim + c)] = kept_v[size_t(t)][size_t(h * s.head_dim + c)];
+          }
+      }
+      std::vector<float> rq = q, ref(static_cast<size_t>(qrow));
+      const int64_t qpos = rm == RopeMode::Reposition ? len - 1 : p;
+      cache->rope().apply(rq.data(), s.n_heads, double(qpos));
+      std::vector<int64_t> pos(static_cast<size_t>(len));
+      for (int64_t t = 0; t < len; ++t) pos[size_t(t)] = t;  // all visible (no model window)
+      attend_fp32(rq.data(), s.n_heads, s.n_kv_heads, s.head_dim, K.data(), Vv.data(), len, pos.data(), len, len - 1,
+                  0, ref.data());
+      for (int64_t i = 0; i < qrow; ++i)
+        ASSERT_NEAR(out[size_t(i)], ref[size_t(i)], 1e-5f) << rope_mode_name(rm) << " step " << p;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// KIVI's reason for per-channel K: pre-RoPE keys have channels of consistent
+// magnitude; rotation mixes channel pairs by position and widens each
+// channel's range. Measured on flagship-27m's own keys over the reference text.
+TEST(KiviKeys, PreRopeKeysQuantiseBetterThanRotated) {
+  const Model& m = flagship();
+  std::vector<int32_t> ids;
+  for (auto& r : flagship_refs()) {
+    ids.insert(ids.end(), r.prompt.begin(), r.prompt.end());
+    ids.insert(ids.end(), r.greedy.begin(), r.greedy.end());
+  }
+  ids.resize(std::min<size_t>(ids.size(), 320));
+  const int64_t T = int64_t(ids.size()), D = m.config().head_dim;
+  // Reposition storage keeps keys un-rotated: read them back from an fp32 cache.
+  auto cache = make_cache(m.cache_shape(T), opts(KVStorage::F32));
+  auto& sc = dynamic_cast<StorageKVCache&>(*cache);
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  m.forward(ids.data(), T, *cache, logits.data(), false);
+  for (kivi::QuantRange r : {kivi::kInt8Range, kivi::kInt4Range}) {
+    double err_pre = 0, err_rot = 0;
+    for (int64_t l = 0; l < m.config().n_layers; ++l)
+      for (int64_t h = 0; h < m.config().n_kv_heads; ++h) {
+        std::vector<float> pre = sc.read_keys(l, h), rot = pre;
+        for (int64_t t = 0; t < T; ++t) cache->rope().apply(rot.data() + t * D, 1, double(t));
+        for (auto* x : {&pre, &rot}) {
+          KiviKeyStore ks(r, 1, T, D);
+          ks.append(x->data(), T);
+          std::vector<float> back(x->size());
+          ks.read(0, back.data());
+          double e = 0;
+          for (size_t i = 0; i < back.size(); ++i) e += double(back[i] - (*x)[i]) * double(back[i] - (*x)[i]);
+          (x == &pre ? err_pre : err_rot) += e;
+        }
+      }
+    std::printf("int%d per-channel K: squared error pre-RoPE %.4g, rotated %.4g (ratio %.2f)\n", r.bits, err_pre,
+                err_rot, err_rot / err_pre);
+    EXPECT_LT(err_pre, err_rot) << "int" << r.bits;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bytes held, from real cache objects, against the formula in docs/CACHE.md:
+//   payload = L * T * H_kv * 2 * row_bytes,  row_bytes = D*4 | D*2 | D*2 | D | ceil(D/2)
+//   scales  = 0 for fp32/fp16/bf16;  int8/int4: L * H_kv * (D * 4  +  T * 4)
+//             (K: fp16 scale + zero per (head, channel); V: fp16 scale + zero per (head, token))
+TEST(CacheBytes, MatchFormulaAndIssueNumbers) {
+  const Model& m = flagship();
+  const int64_t L = 12, H = 8, D = 32;
+  ASSERT_EQ(m.config().n_layers, L);
+  ASSERT_EQ(m.config().n_kv_heads, H);
+  ASSERT_EQ(m.config().head_dim, D);
+  auto measure = [&](KVStorage st, int64_t T) {
+    auto c = make_cache(m.cache_shape(T), opts(st));
+    std::vector<float> k(static_cast<size_t>(T * H * D), 0.5f), v(k.size(), -0.25f);
+    for (int64_t l = 0; l < L; ++l) c->append(l, k.data(), v.data(), T);
+    c->advance(T);
+    return std::pair<size_t, size_t>(c->payload_bytes(), c->scale_bytes());
+  };
+  for (int64_t T : {128, 256, 384, 500, 1024, 2048})
+    for (KVStorage st : kAllStorages) {
+      const int64_t rowb = st == KVStorage::F32 ? D * 4 : st == KVStorage::Int8 ? D : st == KVStorage::Int4 ? (D + 1) / 2 : D * 2;
+      const bool q = st == KVStorage::Int8 || st == KVStorage::Int4;
+      auto [pay, sc] = measure(st, T);
+      EXPECT_EQ(pay, size_t(L * T * H * 2 * rowb)) << storage_name(st) << " T=" << T;
+      EXPECT_EQ(sc, q ? size_t(L * H * (D * 4 + T * 4)) : 0u) << storage_name(st) << " T=" << T;
+    }
+  // The issue's numbers at T = 500.
+  EXPECT_EQ(measure(KVStorage::F32, 500).first, 12288000u);
+  EXPECT_EQ(measure(KVStorage::BF16, 500).first, 6144000u);
+  EXPECT_EQ(measure(KVStorage::Int8, 500).first, 3072000u);
+  EXPECT_EQ(measure(KVStorage::Int4, 500).first, 1536000u);
+  EXPECT_EQ(measure(KVStorage::Int4, 500).second, 204288u);  // 12*8*(32*4) + 12*8*500*4
+}
+
+// ---------------------------------------------------------------------------
+void expect_error(const CacheOptions& o, const std::string& needle) {
+  try {
+    validate(o);
+    ADD_FAILURE() << "no error for " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(CacheOptions, BadInputNamesTheFlag) {
+  expect_error(opts(KVStorage::F32, -1, 10), "--streaming-llm-sink -1");
+  expect_error(opts(KVStorage::F32, 0, -3), "--streaming-llm-window -3");
+  expect_error(opts(KVStorage::F32, 4, 0), "--streaming-llm-sink 4 needs --streaming-llm-window");
+  try {
+    parse_storage("int3");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-quantize int3: expected one of fp32, fp16, bf16, int8, int4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_rope_mode("relative"), Error);
+  EXPECT_EQ(parse_storage("int4"), KVStorage::Int4);
+  validate(opts(KVStorage::Int8, 0, 16));  // window without sinks: a plain sliding window, allowed
+  EXPECT_NE(describe(opts(KVStorage::Int8, 4, 252)).find("sink 4 + window 252"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptllm
