@@ -200,72 +200,118 @@ void Normalizer::apply(std::string& s) const {
 }
 
 // ------------------------------------------------------------ pre-tokenizer
-void PreTokenizer::apply(std::vector<Piece>& pieces) const {
-  if (kind == Kind::Sequence) {
-    for (auto& c : children) c.apply(pieces);
+namespace {
+// Streams the split of `p` by regex/literal matches for the behaviors that
+// need no look-around (Isolated, Removed), avoiding multi-megabyte span lists
+// when a whole book is one segment.
+template <typename ForEachMatch>
+void stream_split(Piece& p, ForEachMatch&& for_each_match, SplitBehavior behavior, bool invert, bool byte_level,
+                  PieceSink sink) {
+  const std::string& s = p.text;
+  Piece q;
+  auto emit = [&](size_t b, size_t e, bool match) {
+    if (invert) match = !match;
+    if (behavior == SplitBehavior::Removed && match) return;
+    q.text = byte_level ? to_byte_level(std::string_view(s).substr(b, e - b)) : s.substr(b, e - b);
+    q.at_origin = p.at_origin && b == 0;
+    sink(q);
+  };
+  size_t prev = 0;
+  for_each_match([&](size_t b, size_t e) {
+    if (prev != b) emit(prev, b, false);
+    emit(b, e, true);
+    prev = e;
+  });
+  if (prev != s.size()) emit(prev, s.size(), false);
+}
+}  // namespace
+
+void PreTokenizer::run_from(size_t stage, Piece& p, PieceSink sink) const {
+  if (stage == children.size()) {
+    sink(p);
     return;
   }
-  std::vector<Piece> out;
-  out.reserve(pieces.size() * 4);
+  auto next = [&](Piece& q) { run_from(stage + 1, q, sink); };
+  children[stage].run(p, PieceSink(next));
+}
+
+void PreTokenizer::run(Piece& p, PieceSink sink) const {
+  if (p.text.empty()) return;
   std::vector<std::pair<size_t, size_t>> m;
   std::vector<Span> spans;
-  for (Piece& p : pieces) {
-    switch (kind) {
-      case Kind::Split:
-        m.clear();
-        if (regex)
-          regex->find_all(p.text, m);
-        else
-          literal_matches(p.text, literal, m);
-        spans_from_matches(p.text.size(), m, spans);
-        emit_split(p, spans, behavior, invert, out);
-        break;
-      case Kind::ByteLevel: {
-        if (add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;  // (insert(0, ...) trips a GCC 12 -Wrestrict false positive)
-        const size_t first = out.size();
+  std::vector<Piece> out;
+  switch (kind) {
+    case Kind::Sequence:
+      run_from(0, p, sink);
+      return;
+    case Kind::Split:
+      if (behavior == SplitBehavior::Isolated || behavior == SplitBehavior::Removed) {
         if (regex) {
-          m.clear();
-          regex->find_all(p.text, m);
-          spans_from_matches(p.text.size(), m, spans);
-          emit_split(p, spans, SplitBehavior::Isolated, false, out);
-        } else if (!p.text.empty()) {
-          out.push_back(std::move(p));
+          stream_split(p, [&](auto&& f) { regex->for_each(p.text, f); }, behavior, invert, false, sink);
+        } else {
+          stream_split(
+              p,
+              [&](auto&& f) {
+                if (literal.empty()) return;
+                for (size_t pos = p.text.find(literal); pos != std::string::npos;
+                     pos = p.text.find(literal, pos + literal.size()))
+                  f(pos, pos + literal.size());
+              },
+              behavior, invert, false, sink);
         }
-        for (size_t k = first; k < out.size(); ++k) out[k].text = to_byte_level(out[k].text);
-        break;
+        return;
       }
-      case Kind::Digits:
-        spans_from_chars(p.text, [](uint32_t cp) { return is_numeric(cp); }, spans);
-        emit_split(p, spans, individual_digits ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, out);
-        break;
-      case Kind::Metaspace: {
-        replace_all(p.text, " ", replacement);
-        const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
-        if (!starts && (prepend_scheme == 0 || (prepend_scheme == 1 && p.at_origin))) p.text.insert(0, replacement);
-        if (split) {
-          m.clear();
-          literal_matches(p.text, replacement, m);  // one match per replacement char
-          spans_from_matches(p.text.size(), m, spans);
-          emit_split(p, spans, SplitBehavior::MergedWithNext, false, out);
-        } else if (!p.text.empty()) {
-          out.push_back(std::move(p));
-        }
-        break;
-      }
-      case Kind::WhitespaceSplit:
-        spans_from_chars(p.text, [](uint32_t cp) { return is_white_space(cp); }, spans);
-        emit_split(p, spans, SplitBehavior::Removed, false, out);
-        break;
-      case Kind::Whitespace:
-        m.clear();
+      if (regex)
         regex->find_all(p.text, m);
-        spans_from_matches(p.text.size(), m, spans);
-        emit_split(p, spans, SplitBehavior::Removed, true, out);
-        break;
-      case Kind::Sequence:
-        break;
+      else
+        literal_matches(p.text, literal, m);
+      spans_from_matches(p.text.size(), m, spans);
+      emit_split(p, spans, behavior, invert, out);
+      break;
+    case Kind::ByteLevel:
+      // (Assigning instead of insert(0, ...) also dodges a GCC 12 -Wrestrict false positive.)
+      if (add_prefix_space && p.text[0] != ' ') p.text = " " + p.text;
+      if (regex) {
+        stream_split(p, [&](auto&& f) { regex->for_each(p.text, f); }, SplitBehavior::Isolated, false, true, sink);
+      } else {
+        Piece q{to_byte_level(p.text), p.at_origin};
+        sink(q);
+      }
+      return;
+    case Kind::Digits:
+      spans_from_chars(p.text, [](uint32_t cp) { return is_numeric(cp); }, spans);
+      emit_split(p, spans, individual_digits ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, out);
+      break;
+    case Kind::Metaspace: {
+      replace_all(p.text, " ", replacement);
+      const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
+      if (!starts && (prepend_scheme == 0 || (prepend_scheme == 1 && p.at_origin))) p.text = replacement + p.text;
+      if (!split) {
+        sink(p);
+        return;
+      }
+      literal_matches(p.text, replacement, m);  // one match per replacement char
+      spans_from_matches(p.text.size(), m, spans);
+      emit_split(p, spans, SplitBehavior::MergedWithNext, false, out);
+      break;
     }
+    case Kind::WhitespaceSplit:
+      spans_from_chars(p.text, [](uint32_t cp) { return is_white_space(cp); }, spans);
+      emit_split(p, spans, SplitBehavior::Removed, false, out);
+      break;
+    case Kind::Whitespace:
+      regex->find_all(p.text, m);
+      spans_from_matches(p.text.size(), m, spans);
+      emit_split(p, spans, SplitBehavior::Removed, true, out);
+      break;
   }
+  for (Piece& q : out) sink(q);
+}
+
+void PreTokenizer::apply(std::vector<Piece>& pieces) const {
+  std::vector<Piece> out;
+  auto collect = [&](Piece& q) { out.push_back(q); };
+  for (Piece& p : pieces) run(p, PieceSink(collect));
   pieces.swap(out);
 }
 
@@ -296,6 +342,59 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
       return;
     }
   }
+  if (split_marker.empty()) {
+    tokenize_cached(word, out);
+    return;
+  }
+  // Cut before every marker that follows a non-marker character (see
+  // Bpe::split_marker for why this is exact).
+  const std::string_view mk = split_marker;
+  size_t seg = 0, pos = word.find(mk, 1);
+  while (pos != std::string_view::npos) {
+    const bool after_marker = pos >= mk.size() && word.compare(pos - mk.size(), mk.size(), mk) == 0;
+    if (!after_marker) {
+      tokenize_cached(word.substr(seg, pos - seg), out);
+      seg = pos;
+    }
+    pos = word.find(mk, pos + mk.size());
+  }
+  tokenize_cached(word.substr(seg), out);
+}
+
+namespace {
+// Small direct-mapped cache of recent words -> ids, per thread (so no locks),
+// tagged with the model uid. Bounded: kCacheSlots entries of short words.
+constexpr size_t kCacheSlots = 16384;
+constexpr size_t kCacheMaxWord = 48;
+struct CacheEntry {
+  uint64_t uid = 0, hash = 0;
+  std::string word;
+  std::vector<int32_t> ids;
+};
+}  // namespace
+
+void Bpe::tokenize_cached(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (word.size() > kCacheMaxWord) {
+    tokenize_uncached(word, out);
+    return;
+  }
+  thread_local std::vector<CacheEntry> cache(kCacheSlots);
+  const uint64_t h = StrIdMap::hash(word);
+  CacheEntry& e = cache[size_t(h) & (kCacheSlots - 1)];
+  if (e.uid == uid && e.hash == h && e.word == word) {
+    out.insert(out.end(), e.ids.begin(), e.ids.end());
+    return;
+  }
+  const size_t first = out.size();
+  tokenize_uncached(word, out);
+  e.uid = uid;
+  e.hash = h;
+  e.word.assign(word);
+  e.ids.assign(out.begin() + std::ptrdiff_t(first), out.end());
+}
+
+void Bpe::tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const {
   thread_local std::vector<Symbol> sym;
   thread_local std::vector<Cand> heap;
   thread_local std::string tmp;
@@ -505,16 +604,18 @@ std::vector<int32_t> Impl::encode(std::string_view text, bool add_special) const
 
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  std::vector<Piece> pieces;
   for (Segment& sg : segs) {
     if (sg.added >= 0) {
       ids.push_back(added[size_t(sg.added)].id);
       continue;
     }
-    pieces.clear();
-    pieces.push_back(Piece{std::move(sg.text), sg.at_origin});
-    if (pre_tokenizer) pre_tokenizer->apply(pieces);
-    for (const Piece& p : pieces) bpe.tokenize(p.text, ids);
+    Piece whole{std::move(sg.text), sg.at_origin};
+    if (pre_tokenizer) {
+      auto to_model = [&](Piece& q) { bpe.tokenize(q.text, ids); };
+      pre_tokenizer->run(whole, PieceSink(to_model));
+    } else {
+      bpe.tokenize(whole.text, ids);
+    }
   }
   if (add_special) post.apply(ids);
   return ids;

@@ -53,8 +53,17 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
   // Appends (start, end) of all non-empty, non-overlapping matches.
   void find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
+  // Calls f(start, end) for each such match, without materialising a list.
+  template <typename F>
+  void for_each(std::string_view s, F&& f) const {
+    using Fn = std::remove_reference_t<F>;
+    for_each_impl(
+        s, [](void* ctx, size_t b, size_t e) { (*static_cast<Fn*>(ctx))(b, e); },
+        const_cast<void*>(static_cast<const void*>(&f)));
+  }
 
  private:
+  void for_each_impl(std::string_view s, void (*cb)(void*, size_t, size_t), void* ctx) const;
   void* code_ = nullptr;  // pcre2_code_8*
   bool jit_ = false;
 };
@@ -72,8 +81,9 @@ class StrIdMap {
  private:
   void grow();
   const std::vector<std::string>* keys_ = nullptr;
-  std::vector<int32_t> slots_;
-  std::vector<uint32_t> tags_;
+  // (hash tag << 32) | (id + 1); 0 = empty. Tag and id share one 8-byte slot
+  // so a probe touches a single cache line before the key comparison.
+  std::vector<uint64_t> slots_;
   size_t size_ = 0;
   size_t mask_ = 0;
 };
@@ -160,6 +170,19 @@ struct Piece {
   bool at_origin = false;
 };
 
+// Type-erased reference to a callable taking a Piece (the pre-tokenizer
+// pipeline streams pieces through nested stages without building lists).
+class PieceSink {
+ public:
+  template <typename F>
+  PieceSink(F& f) : obj_(&f), fn_([](void* o, Piece& p) { (*static_cast<F*>(o))(p); }) {}
+  void operator()(Piece& p) const { fn_(obj_, p); }
+
+ private:
+  void* obj_;
+  void (*fn_)(void*, Piece&);
+};
+
 struct PreTokenizer {
   enum class Kind { Sequence, Split, ByteLevel, Digits, Metaspace, WhitespaceSplit, Whitespace } kind;
   std::vector<PreTokenizer> children;
@@ -172,7 +195,12 @@ struct PreTokenizer {
   std::string replacement;        // Metaspace
   int prepend_scheme = 0;         // Metaspace: 0 always, 1 first, 2 never
   bool split = true;              // Metaspace
-  void apply(std::vector<Piece>& pieces) const;
+  // Feeds the pieces `p` splits into to `sink` (Sequence: through every stage).
+  void run(Piece& p, PieceSink sink) const;
+  void apply(std::vector<Piece>& pieces) const;  // list form, for tests
+
+ private:
+  void run_from(size_t stage, Piece& p, PieceSink sink) const;
 };
 
 struct Bpe {
@@ -186,7 +214,16 @@ struct Bpe {
   // Fast initial-symbol lookup for single code points < 0x10000 when there is
   // no prefix/suffix decoration: -2 = not computed/not applicable.
   std::vector<int32_t> cp_ids;
+  // When every vocabulary token holding `split_marker` ("▁") has it only as a
+  // leading run, no token can span "x▁" for a non-marker x, so a word can be
+  // cut before such a marker and the parts merged independently with an
+  // identical result. This keeps SentencePiece-style models (no
+  // pre-tokenizer: the whole text is one "word") linear-time and cacheable.
+  std::string split_marker;
+  uint64_t uid = 0;  // identifies this model in the per-thread word cache
   void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  void tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const;
+  void tokenize_cached(std::string_view word, std::vector<int32_t>& out) const;
 };
 
 struct PostProcessor {

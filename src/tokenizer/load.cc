@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 #include "tokenizer/impl.h"
@@ -13,6 +14,149 @@ namespace ptllm::tok_detail {
 using nlohmann::json;
 
 namespace {
+
+// model.vocab and model.merges are >95% of a tokenizer.json (11 MB for
+// Qwen3). Building them as a nlohmann DOM and then copying them out costs
+// more than the rest of loading, so a SAX pass captures those two straight
+// into flat vectors and builds an ordinary DOM for everything else.
+struct RawModel {
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+  bool has_vocab = false, has_merges = false;
+  std::string bad;  // first structural problem seen, reported by the loader
+};
+
+class CaptureSax : public nlohmann::json_sax<json> {
+ public:
+  CaptureSax(json& root, RawModel& raw) : dom_(root, true), raw_(raw) {}
+
+  bool null() override { return cap_ ? scalar_in_capture() : dom_.null(); }
+  bool boolean(bool v) override { return cap_ ? scalar_in_capture() : dom_.boolean(v); }
+  bool number_float(number_float_t v, const string_t& s) override {
+    return cap_ ? scalar_in_capture() : dom_.number_float(v, s);
+  }
+  bool binary(binary_t& v) override { return cap_ ? scalar_in_capture() : dom_.binary(v); }
+  bool number_integer(number_integer_t v) override { return cap_ ? vocab_id(v) : dom_.number_integer(v); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return cap_ ? vocab_id(int64_t(std::min<number_unsigned_t>(v, uint64_t(1) << 40))) : dom_.number_unsigned(v);
+  }
+  bool string(string_t& v) override {
+    if (!cap_) return dom_.string(v);
+    if (cap_ == kMerges && started_ && depth_ == cap_depth_) {  // "a b" form
+      const size_t sp = v.find(' ');
+      if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos) {
+        note(fmt::format("merge #{} '{}' is not of the form 'a b'", raw_.merges.size(), v));
+        raw_.merges.emplace_back();
+      } else {
+        raw_.merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+      }
+      return true;
+    }
+    if (cap_ == kMerges && started_ && depth_ == cap_depth_ + 1) {  // [a, b] form
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    return scalar_in_capture();
+  }
+  bool start_object(std::size_t n) override {
+    ++depth_;
+    if (cap_) return open_capture(kVocab);
+    if (depth_ == 2 && root_key_ == "model") in_model_ = true;
+    return dom_.start_object(n);
+  }
+  bool key(string_t& k) override {
+    if (cap_) {
+      key_ = std::move(k);
+      return true;
+    }
+    if (depth_ == 1) root_key_ = k;
+    if (depth_ == 2 && in_model_ && (k == "vocab" || k == "merges")) {
+      cap_ = k == "vocab" ? kVocab : kMerges;
+      started_ = false;
+      (cap_ == kVocab ? raw_.has_vocab : raw_.has_merges) = true;
+      return true;
+    }
+    return dom_.key(k);
+  }
+  bool end_object() override {
+    if (cap_) return close_capture();
+    if (depth_ == 2) in_model_ = false;
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) override {
+    ++depth_;
+    if (cap_) {
+      if (!started_) return open_capture(kMerges);
+      if (cap_ == kMerges && depth_ == cap_depth_ + 1) {
+        pair_.clear();
+        return true;
+      }
+      note("model.merges entries must be strings or [a, b] pairs");
+      return true;
+    }
+    return dom_.start_array(n);
+  }
+  bool end_array() override {
+    if (cap_) {
+      if (cap_ == kMerges && depth_ == cap_depth_ + 1) {
+        if (pair_.size() != 2) {
+          note(fmt::format("merge #{} is not a pair [a, b]", raw_.merges.size()));
+          raw_.merges.emplace_back();
+        } else {
+          raw_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+        }
+      }
+      return close_capture();
+    }
+    --depth_;
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t pos, const std::string& tok, const nlohmann::detail::exception& e) override {
+    return dom_.parse_error(pos, tok, e);
+  }
+
+ private:
+  enum Cap { kNone = 0, kVocab, kMerges };
+  bool open_capture(Cap expect) {
+    if (!started_) {
+      if (cap_ != expect) note(cap_ == kVocab ? "model.vocab must be an object" : "model.merges must be an array");
+      started_ = true;
+      cap_depth_ = depth_;
+    } else if (!(cap_ == kMerges && depth_ == cap_depth_ + 1)) {
+      note("unexpected nesting inside model.vocab / model.merges");
+    }
+    return true;
+  }
+  bool close_capture() {
+    if (depth_ == cap_depth_) cap_ = kNone;
+    --depth_;
+    return true;
+  }
+  bool vocab_id(int64_t v) {
+    if (cap_ == kVocab && started_ && depth_ == cap_depth_) {
+      raw_.vocab.emplace_back(std::move(key_), v);
+      return true;
+    }
+    return scalar_in_capture();
+  }
+  bool scalar_in_capture() {
+    note(cap_ == kVocab ? "model.vocab values must be integer ids" : "model.merges has a non-string entry");
+    if (!started_) cap_ = kNone;  // e.g. "vocab": null
+    return true;
+  }
+  void note(std::string msg) {
+    if (raw_.bad.empty()) raw_.bad = std::move(msg);
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  RawModel& raw_;
+  int depth_ = 0, cap_depth_ = 0;
+  Cap cap_ = kNone;
+  bool started_ = false, in_model_ = false;
+  std::string root_key_, key_;
+  std::vector<std::string> pair_;
+};
 
 constexpr const char* kModels = "BPE";
 constexpr const char* kNormalizers = "Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD, Lowercase, Strip";
@@ -216,21 +360,19 @@ PostProcessor parse_post(const json& j, const Ctx& c) {
   return p;
 }
 
-void parse_bpe(const json& m, const Ctx& c, Bpe& bpe) {
-  const json& vocab = m.at("vocab");
-  if (!vocab.is_object()) fail("{}: model.vocab must be an object of piece -> id", c.where);
+void parse_bpe(const json& m, RawModel& raw, const Ctx& c, Bpe& bpe) {
+  if (!raw.bad.empty()) fail("{}: {}", c.where, raw.bad);
+  if (!raw.has_vocab) fail("{}: model has no \"vocab\"", c.where);
+  if (!raw.has_merges) fail("{}: BPE model has no \"merges\"", c.where);
   size_t max_id = 0;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > (int64_t(1) << 30)) fail("{}: model.vocab id {} for '{}' is out of range", c.where, id, it.key());
+  for (const auto& [piece, id] : raw.vocab) {
+    if (id < 0 || id > (int64_t(1) << 30)) fail("{}: model.vocab id {} for '{}' is out of range", c.where, id, piece);
     max_id = std::max(max_id, size_t(id));
   }
-  bpe.vocab.assign(vocab.empty() ? 0 : max_id + 1, std::string());
+  bpe.vocab.assign(raw.vocab.empty() ? 0 : max_id + 1, std::string());
+  for (auto& [piece, id] : raw.vocab) bpe.vocab[size_t(id)] = std::move(piece);
+  raw.vocab.clear();
   bpe.vocab_map.build(&bpe.vocab, bpe.vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = it.value().get<int32_t>();
-    bpe.vocab[size_t(id)] = it.key();
-  }
   for (size_t id = 0; id < bpe.vocab.size(); ++id)
     if (!bpe.vocab[id].empty()) bpe.vocab_map.insert(int32_t(id));
 
@@ -248,25 +390,11 @@ void parse_bpe(const json& m, const Ctx& c, Bpe& bpe) {
   }
   for (int b = 0; b < 256; ++b) bpe.byte_ids[b] = bpe.vocab_map.find(fmt::format("<0x{:02X}>", b));
 
-  const json& merges = m.at("merges");
-  bpe.merges.reserve(merges.size());
+  bpe.merges.reserve(raw.merges.size());
   const std::string& pfx = bpe.continuing_subword_prefix;
-  std::string a, b, merged;
+  std::string merged;
   int32_t rank = 0;
-  for (const json& mg : merges) {
-    if (mg.is_string()) {
-      const std::string& line = mg.get_ref<const std::string&>();
-      const size_t sp = line.find(' ');
-      if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
-        fail("{}: merge #{} '{}' is not of the form 'a b'", c.where, rank, line);
-      a.assign(line, 0, sp);
-      b.assign(line, sp + 1, std::string::npos);
-    } else if (mg.is_array() && mg.size() == 2) {
-      a = mg[0].get<std::string>();
-      b = mg[1].get<std::string>();
-    } else {
-      fail("{}: merge #{} must be a string 'a b' or a pair [a, b]", c.where, rank);
-    }
+  for (const auto& [a, b] : raw.merges) {
     const int32_t ia = bpe.vocab_map.find(a), ib = bpe.vocab_map.find(b);
     merged = a;
     merged.append(b, (!pfx.empty() && b.compare(0, pfx.size(), pfx) == 0) ? pfx.size() : 0, std::string::npos);
@@ -276,7 +404,7 @@ void parse_bpe(const json& m, const Ctx& c, Bpe& bpe) {
     bpe.merges.insert(ia, ib, rank, im);
     ++rank;
   }
-  if (merges.empty()) bpe.merges.reserve(1);
+  if (raw.merges.empty()) bpe.merges.reserve(1);
 
   // Direct table for single-code-point symbols (the common initial symbols).
   if (bpe.continuing_subword_prefix.empty() && bpe.end_of_word_suffix.empty()) {
@@ -289,6 +417,23 @@ void parse_bpe(const json& m, const Ctx& c, Bpe& bpe) {
       if (i == s.size() && cp < 0x10000 && bpe.vocab_map.find(s) == int32_t(id)) bpe.cp_ids[cp] = int32_t(id);
     }
   }
+
+  // SentencePiece word boundary: see Bpe::split_marker.
+  static const std::string kMarker = "\xE2\x96\x81";
+  if (pfx.empty() && bpe.end_of_word_suffix.empty() && bpe.vocab_map.find(kMarker) >= 0) {
+    bool ok = true;
+    for (const std::string& v : bpe.vocab) {
+      size_t k = 0;
+      while (v.compare(k, kMarker.size(), kMarker) == 0) k += kMarker.size();
+      if (v.find(kMarker, k) != std::string::npos) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok) bpe.split_marker = kMarker;
+  }
+  static std::atomic<uint64_t> next_uid{1};
+  bpe.uid = next_uid.fetch_add(1);
 }
 
 bool decoder_has(const Decoder& d, Decoder::Kind k, size_t* strip_stop) {
@@ -315,8 +460,10 @@ std::optional<std::string> config_token(const json& cfg, const char* key, bool* 
 std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view config_text, const std::string& where) {
   Ctx c{where};
   json j;
+  RawModel raw;
   try {
-    j = json::parse(json_text.begin(), json_text.end());
+    CaptureSax sax(j, raw);
+    json::sax_parse(json_text.begin(), json_text.end(), &sax);
   } catch (const json::exception& e) {
     fail("{}: not valid JSON ({})", where, e.what());
   }
@@ -325,9 +472,9 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
   try {
     if (!j.is_object() || !j.contains("model")) fail("{}: expected a tokenizer.json object with a \"model\"", where);
     const json& m = j["model"];
-    std::string mtype = m.contains("type") ? m["type"].get<std::string>() : (m.contains("merges") ? "BPE" : "?");
+    std::string mtype = m.contains("type") ? m["type"].get<std::string>() : (raw.has_merges ? "BPE" : "?");
     if (mtype != "BPE") fail("{}: unsupported model type '{}' (supported: {})", where, mtype, kModels);
-    parse_bpe(m, c, t.bpe);
+    parse_bpe(m, raw, c, t.bpe);
 
     if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer = parse_normalizer(j["normalizer"], c);
     if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())

@@ -56,6 +56,10 @@ Regex::Regex(const std::string& pattern, const std::string& what) {
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
 void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
+  for_each(s, [&](size_t b, size_t e) { out.emplace_back(b, e); });
+}
+
+void Regex::for_each_impl(std::string_view s, void (*cb)(void*, size_t, size_t), void* ctx) const {
   auto* code = static_cast<pcre2_code*>(code_);
   MatchScratch& sc = scratch();
   const auto* subj = reinterpret_cast<PCRE2_SPTR>(s.data());
@@ -79,7 +83,7 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
       start = i;
       continue;
     }
-    out.emplace_back(b, e);
+    cb(ctx, b, e);
     start = e;
   }
 }
@@ -110,49 +114,50 @@ void StrIdMap::build(const std::vector<std::string>* keys_by_id, size_t n_hint) 
   keys_ = keys_by_id;
   size_t cap = 16;
   while (cap < n_hint * 2) cap <<= 1;
-  slots_.assign(cap, -1);
-  tags_.assign(cap, 0);
+  slots_.assign(cap, 0);
   mask_ = cap - 1;
   size_ = 0;
 }
 
 void StrIdMap::grow() {
-  std::vector<int32_t> old = std::move(slots_);
-  slots_.assign(old.size() * 2, -1);
-  tags_.assign(old.size() * 2, 0);
+  std::vector<uint64_t> old = std::move(slots_);
+  slots_.assign(old.size() * 2, 0);
   mask_ = slots_.size() - 1;
   size_ = 0;
-  for (int32_t id : old)
-    if (id >= 0) insert(id);
+  for (uint64_t s : old)
+    if (s) insert(int32_t(uint32_t(s) - 1));
 }
 
 void StrIdMap::insert(int32_t id) {
   if ((size_ + 1) * 2 > slots_.size()) grow();
   const std::string& key = (*keys_)[size_t(id)];
   const uint64_t h = hash(key);
-  const uint32_t tag = uint32_t(h >> 32);
+  const uint64_t tag = h >> 32;
+  const uint64_t packed = (tag << 32) | (uint64_t(uint32_t(id)) + 1);
   size_t i = size_t(h) & mask_;
-  while (slots_[i] >= 0) {
-    if (tags_[i] == tag && (*keys_)[size_t(slots_[i])] == key) {
-      slots_[i] = id;
+  while (slots_[i]) {
+    if ((slots_[i] >> 32) == tag && (*keys_)[size_t(uint32_t(slots_[i]) - 1)] == key) {
+      slots_[i] = packed;
       return;
     }
     i = (i + 1) & mask_;
   }
-  slots_[i] = id;
-  tags_[i] = tag;
+  slots_[i] = packed;
   ++size_;
 }
 
 int32_t StrIdMap::find(std::string_view key) const {
   if (slots_.empty()) return -1;
   const uint64_t h = hash(key);
-  const uint32_t tag = uint32_t(h >> 32);
+  const uint64_t tag = h >> 32;
   size_t i = size_t(h) & mask_;
   while (true) {
-    const int32_t id = slots_[i];
-    if (id < 0) return -1;
-    if (tags_[i] == tag && (*keys_)[size_t(id)] == key) return id;
+    const uint64_t s = slots_[i];
+    if (!s) return -1;
+    if ((s >> 32) == tag) {
+      const int32_t id = int32_t(uint32_t(s) - 1);
+      if ((*keys_)[size_t(id)] == key) return id;
+    }
     i = (i + 1) & mask_;
   }
 }
