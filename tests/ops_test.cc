@@ -91,6 +91,121 @@ TEST(Matmul, BatchedEqualsRowByRow) {
   }
 }
 
+// Weights of shape [out, in] stored as `dtype`, from fp32 values.
+struct StoredMatrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  TensorView view;
+  StoredMatrix(DType dtype, int64_t out, int64_t in, uint64_t seed) : f32(randn(size_t(out * in), seed)) {
+    const void* data = f32.data();
+    if (dtype != DType::F32) {
+      u16.resize(f32.size());
+      for (size_t i = 0; i < f32.size(); ++i) u16[i] = dtype == DType::BF16 ? f32_to_bf16(f32[i]) : f32_to_f16(f32[i]);
+      data = u16.data();
+    }
+    view = TensorView{static_cast<const std::byte*>(data), dtype, {out, in}};
+  }
+};
+
+// Blocked prefill GEMM and multi-row decode matvec against the scalar path,
+// for every dtype, shapes that are not multiples of the SIMD/tile sizes, with
+// and without bias. Tolerance: fp32 rounding of a length-`in` sum in a
+// different order, 1e-5 · sum|w·x| (well above the ~sqrt(in)·6e-8 expected).
+class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, int, int, int, bool>> {};
+
+TEST_P(MatmulTest, SimdMatchesScalar) {
+  SimdGuard g;
+  auto [dtype, out, in, n, with_bias] = GetParam();
+  StoredMatrix w(dtype, out, in, 11);
+  StoredMatrix b(DType::F32, 1, out, 12);
+  TensorView bias{b.view.data, DType::F32, {out}};
+  auto x = randn(size_t(n * in), 13);
+  std::vector<float> ref(size_t(n * out)), got(size_t(n * out), NAN);
+  ops::set_simd_level(ops::SimdLevel::Scalar);
+  ops::matmul(w.view, x.data(), n, ref.data(), with_bias ? &bias : nullptr);
+  ops::set_simd_level(ops::best_simd_level());
+  ops::matmul(w.view, x.data(), n, got.data(), with_bias ? &bias : nullptr);
+  for (int t = 0; t < n; ++t)
+    for (int o = 0; o < out; ++o) {
+      double mag = 0;
+      for (int i = 0; i < in; ++i) mag += std::fabs(double(w.view.at_f32(int64_t(o) * in + i)) * x[size_t(t * in + i)]);
+      ASSERT_NEAR(got[size_t(t * out + o)], ref[size_t(t * out + o)], 1e-5 * mag + 1e-6)
+          << "t=" << t << " o=" << o << " " << ops::simd_level_name(ops::simd_level());
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16),
+                                            ::testing::Values(1, 5, 37, 64, 100),   // out rows
+                                            ::testing::Values(7, 32, 67, 256),      // in
+                                            ::testing::Values(1, 2, 9, 21),         // tokens
+                                            ::testing::Bool()));
+
+TEST(Matmul, MultiAndSwigluEqualSeparateCalls) {
+  for (int n : {1, 6, 19}) {
+    const int in = 96, F = 200;
+    StoredMatrix wq(DType::BF16, 64, in, 21), wk(DType::BF16, 32, in, 22), wg(DType::BF16, F, in, 23),
+        wu(DType::BF16, F, in, 24);
+    auto x = randn(size_t(n * in), 25);
+    std::vector<float> q(size_t(n * 64)), k(size_t(n * 32)), q1(q.size()), k1(k.size());
+    ops::MatmulJob jobs[] = {{&wq.view, q.data(), nullptr}, {&wk.view, k.data(), nullptr}};
+    ops::matmul_multi(x.data(), n, jobs, 2);
+    ops::matmul(wq.view, x.data(), n, q1.data());
+    ops::matmul(wk.view, x.data(), n, k1.data());
+    EXPECT_EQ(q, q1);  // same kernel, same order: bit-identical
+    EXPECT_EQ(k, k1);
+    std::vector<float> g(size_t(n * F)), u(g.size()), g1(g.size()), u1(g.size());
+    ops::matmul_swiglu(wg.view, wu.view, x.data(), n, g.data(), u.data());
+    ops::matmul(wg.view, x.data(), n, g1.data());
+    ops::matmul(wu.view, x.data(), n, u1.data());
+    ops::silu_mul(g1.data(), u1.data(), n * F);
+    EXPECT_EQ(g, g1) << n;
+  }
+}
+
+// Vector exp-based kernels against the std::exp scalar reference. The SIMD
+// exp is within a few ulp, so 1e-6 relative (+1e-30 absolute near 0).
+TEST(Elementwise, SimdSiluSoftmaxAxpyMatchScalar) {
+  SimdGuard g;
+  for (int n : {1, 15, 16, 17, 100, 768, 4099}) {
+    auto a = randn(size_t(n), 31), b = randn(size_t(n), 32);
+    for (int i = 0; i < n; i += 7) a[size_t(i)] *= 30.f;  // large |x|: exp saturates
+    // silu_mul
+    auto s_ref = a, s_got = a;
+    ops::set_simd_level(ops::SimdLevel::Scalar);
+    ops::silu_mul(s_ref.data(), b.data(), n);
+    ops::set_simd_level(ops::best_simd_level());
+    ops::silu_mul(s_got.data(), b.data(), n);
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(s_got[size_t(i)], s_ref[size_t(i)], 1e-6 * std::fabs(s_ref[size_t(i)]) + 1e-30) << i;
+    // softmax, with some masked (-inf) entries
+    auto m_ref = a;
+    for (int i = 3; i < n; i += 5) m_ref[size_t(i)] = -INFINITY;
+    auto m_got = m_ref;
+    ops::set_simd_level(ops::SimdLevel::Scalar);
+    ops::softmax(m_ref.data(), n);
+    ops::set_simd_level(ops::best_simd_level());
+    ops::softmax(m_got.data(), n);
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(m_got[size_t(i)], m_ref[size_t(i)], 1e-6 * m_ref[size_t(i)] + 1e-30) << i;
+    // axpy
+    auto y_ref = b, y_got = b;
+    ops::set_simd_level(ops::SimdLevel::Scalar);
+    ops::axpy(0.37f, a.data(), y_ref.data(), n);
+    ops::set_simd_level(ops::best_simd_level());
+    ops::axpy(0.37f, a.data(), y_got.data(), n);
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(y_got[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << i;
+  }
+}
+
+TEST(Softmax, AllMaskedStaysLikeScalar) {
+  SimdGuard g;
+  std::vector<float> x(20, -INFINITY), y = x;
+  ops::set_simd_level(ops::SimdLevel::Scalar);
+  ops::softmax(x.data(), 20);
+  ops::set_simd_level(ops::best_simd_level());
+  ops::softmax(y.data(), 20);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(std::isnan(x[size_t(i)]), std::isnan(y[size_t(i)]));
+}
+
 TEST(Rope, RotateHalfPairsIWithIPlusHalf) {
   RopeConfig rc;
   rc.theta = 10000;

@@ -32,6 +32,21 @@ void to_f32(const void* src, DType dtype, float* dst, int64_t n);
 // x is [n_tokens, in], y is [n_tokens, out]. Parallel over output rows.
 void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias = nullptr);
 
+// One input x [n_tokens, in] multiplied by several weights in a single
+// parallel region (e.g. q/k/v): ys[j] = x · W_j^T (+ bias_j). Same results as
+// calling matmul() for each job; saves the fork/join of separate calls.
+struct MatmulJob {
+  const TensorView* w = nullptr;
+  float* y = nullptr;                  // [n_tokens, w->rows()]
+  const TensorView* bias = nullptr;  // [w->rows()] or null
+};
+void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n_jobs);
+
+// SwiGLU feed-forward input: gate = silu(x · Wg^T) * (x · Wu^T), [n_tokens, ffn].
+// `up` is scratch of the same size. Equals matmul + matmul + silu_mul.
+void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
+                   float* up);
+
 // out = x / rms(x) * weight, over `dim` elements, for n rows.
 void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out);
 // gate[i] = silu(gate[i]) * up[i]
