@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 #include <sstream>
 
 #include "core/error.h"
@@ -383,4 +384,52 @@ TEST(TokenizerComponents, SplitBehaviorsAndDigits) {
   EXPECT_EQ(run({{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}, {"split", true}},
                 "Hey friend"),
             (V{"\xE2\x96\x81Hey", "\xE2\x96\x81" "friend"}));
+}
+
+// ------------------------------------------------------ added-token flags
+TEST(TokenizerComponents, AddedTokenStripAndSingleWord) {
+  json j = tiny();
+  j["model"]["vocab"] = {{"a", 0}, {"b", 1}, {"ab", 2}, {" ", 3}};
+  j["added_tokens"] = json::parse(R"([
+    {"id": 4, "content": "<x>", "lstrip": true, "rstrip": true, "single_word": false, "normalized": false, "special": true},
+    {"id": 5, "content": "ab", "lstrip": false, "rstrip": false, "single_word": true, "normalized": false, "special": false}
+  ])");
+  const Tokenizer t = Tokenizer::from_json(j.dump());
+  using V = std::vector<int32_t>;
+  EXPECT_EQ(t.encode("a <x> b"), (V{0, 4, 1}));       // the spaces around <x> are absorbed
+  EXPECT_EQ(t.encode("a<x>b"), (V{0, 4, 1}));
+  EXPECT_EQ(t.encode("ab ab"), (V{5, 3, 5}));         // whole words: the added token
+  EXPECT_EQ(t.encode("aab"), (V{0, 2}));              // inside a word: ordinary BPE
+  EXPECT_EQ(t.encode("ab<x>"), (V{5, 4}));            // '<' is not a word character
+  EXPECT_EQ(t.decode(V{0, 4, 1}, false), "a <x> b");  // no decoder: pieces joined by spaces
+  EXPECT_EQ(t.decode(V{0, 4, 1}, true), "a b");
+  EXPECT_TRUE(t.is_special(4));
+  EXPECT_FALSE(t.is_special(5));
+}
+
+TEST(TokenizerComponents, ConcurrentEncodeIsSafe) {
+  const Tokenizer& t = llama3();
+  const std::string text = "The quick brown fox jumps over the lazy dog. 1234567 ½ café 🦙\n";
+  std::string big;
+  for (int k = 0; k < 200; ++k) big += text + std::to_string(k) + " ";
+  const auto want = t.encode(big);
+  std::vector<std::thread> threads;
+  std::vector<int> ok(4, 0);
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (int r = 0; r < 5; ++r) ok[size_t(k)] += t.encode(big) == want;
+    });
+  for (auto& th : threads) th.join();
+  for (int v : ok) EXPECT_EQ(v, 5);
+}
+
+TEST(TokenizerComponents, LongWordsAreHandled) {
+  // One 200 kB "word": exercises the heap-based merge on a long symbol list
+  // (no pre-tokenizer split for SentencePiece-style models) and the cut at ▁.
+  std::string s(200000, 'a');
+  const auto ids = llama2().encode(s, false);
+  EXPECT_EQ(llama2().decode(ids), s);
+  std::string words;
+  for (int k = 0; k < 20000; ++k) words += "word ";
+  EXPECT_EQ(llama2().decode(llama2().encode(words)), words);
 }
