@@ -2,21 +2,52 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "app/cache_flags.h"
 #include "app/commands.h"
 #include "app/common.h"
 #include "core/error.h"
 #include "engine/session.h"
+#include "kv/cache_options.h"
 
 namespace ptllm::cli {
 namespace {
 std::atomic<bool> g_interrupted{false};
 void on_sigint(int) { g_interrupted.store(true); }
+
+// Peak resident set size (VmHWM) in KiB, or -1 where /proc is unavailable.
+int64_t peak_rss_kib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t kib = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib;
+}
+
+// Stored tokens of every cache layer.
+std::vector<int64_t> stored_per_layer(const KVCache& c) {
+  std::vector<int64_t> v;
+  for (int64_t l = 0; l < c.shape().n_layers; ++l) v.push_back(c.stored(l));
+  return v;
+}
+
+// "stored 256 per layer" or "stored 256,256,...,255 per layer" when layers differ.
+std::string stored_str(const std::vector<int64_t>& v) {
+  bool same = std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v.front(); });
+  if (same) return fmt::format("stored {} per layer", v.empty() ? 0 : v.front());
+  std::string s = "stored ";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + " per layer";
+}
 }  // namespace
 
 void add_sample_command(CLI::App& root) {
@@ -29,6 +60,8 @@ void add_sample_command(CLI::App& root) {
     int64_t seed = -1;
     bool json = false, ignore_eos = false, no_bos = false;
     int threads = 0;
+    int64_t report_every = 0;
+    CacheOptions cache;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = root.add_subcommand("sample", "Generate text from a prompt");
@@ -43,8 +76,13 @@ void add_sample_command(CLI::App& root) {
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
   cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, stats) instead of streaming text");
   add_threads_flag(cmd, o->threads);
+  add_cache_flags(cmd, o->cache);
+  cmd->add_option("--report-every", o->report_every,
+                  "Every K generated tokens, print cache position, stored tokens per layer and peak RSS on stderr")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([o] {
     if (o->tokens < 0) fail("--tokens {}: expected a number >= 0", o->tokens);
+    validate(o->cache);  // cross-flag rules (sink without window) before loading anything
     SamplerConfig sc;
     sc.temperature = o->temperature;
     sc.top_k = o->top_k;
@@ -63,7 +101,11 @@ void add_sample_command(CLI::App& root) {
     const auto& cfg = lm.model->config();
     if (int64_t(prompt.size()) > cfg.max_position)
       fail("--prompt: {} tokens is longer than the model's context of {} tokens", prompt.size(), cfg.max_position);
-    auto cache = make_default_cache(*lm.model, int64_t(prompt.size()) + o->tokens);
+    // Unbounded: room for the whole run, up to the context. StreamingLLM: N+M
+    // slots (make_cache), so generation can go past the context.
+    const int64_t capacity = std::min<int64_t>(cfg.max_position, std::max<int64_t>(int64_t(prompt.size()) + o->tokens, 1));
+    auto cache = make_cache(lm.model->cache_shape(capacity), o->cache);
+    fmt::print(stderr, "{}\n", cache->describe());
     Session session(lm, std::move(cache));
 
     GenerateOptions go;
@@ -76,6 +118,13 @@ void add_sample_command(CLI::App& root) {
     auto old = std::signal(SIGINT, on_sigint);
     GenerateStats st = session.generate(prompt, go, [&](int32_t id) {
       generated.push_back(id);
+      if (o->report_every > 0 && int64_t(generated.size()) % o->report_every == 0) {
+        const KVCache& c = session.cache();
+        const auto st = stored_per_layer(c);
+        fmt::print(stderr, "[kv] generated {} · position {} · {} (max {}) · kv {} bytes · peak RSS {} KiB\n",
+                   generated.size(), c.position(), stored_str(st), *std::max_element(st.begin(), st.end()),
+                   c.payload_bytes() + c.scale_bytes(), peak_rss_kib());
+      }
       if (!o->json) {
         std::string piece = stream.push(id);
         if (!piece.empty()) {
@@ -88,6 +137,8 @@ void add_sample_command(CLI::App& root) {
     std::signal(SIGINT, old);
     const std::string text = lm.tokenizer->decode(generated);
     const auto& cache_ref = session.cache();
+    const std::vector<int64_t> stored = stored_per_layer(cache_ref);
+    const int64_t max_stored = stored.empty() ? 0 : *std::max_element(stored.begin(), stored.end());
     if (o->json) {
       nlohmann::json j;
       j["model"] = path;
@@ -107,8 +158,15 @@ void add_sample_command(CLI::App& root) {
                     {"kv_cache_payload_bytes", cache_ref.payload_bytes()},
                     {"kv_cache_scale_bytes", cache_ref.scale_bytes()},
                     {"kv_cache", cache_ref.describe()},
-                    {"stored_tokens", cache_ref.stored(0)},
-                    {"position", cache_ref.position()}};
+                    {"kv_quantize", storage_name(o->cache.storage)},
+                    {"streaming_llm_sink", o->cache.sink},
+                    {"streaming_llm_window", o->cache.window},
+                    {"streaming_llm_rope", rope_mode_name(o->cache.rope_mode)},
+                    {"kv_cache_bounded", cache_ref.bounded()},
+                    {"stored_tokens", max_stored},
+                    {"stored_tokens_per_layer", stored},
+                    {"position", cache_ref.position()},
+                    {"peak_rss_kib", peak_rss_kib()}};
       fmt::print("{}\n", j.dump(2));
     } else {
       std::string rest = stream.flush();
@@ -121,10 +179,18 @@ void add_sample_command(CLI::App& root) {
                    cfg.max_position);
       fmt::print(stderr,
                  "prompt {} tokens · generated {} tokens · prefill {:.1f} tok/s · decode {:.1f} tok/s · "
-                 "kv cache {} bytes ({}) · stop: {} · seed {}\n",
-                 st.prompt_tokens, st.generated_tokens, st.prefill_tps(), st.decode_tps(),
-                 cache_ref.payload_bytes() + cache_ref.scale_bytes(), cache_ref.describe(),
-                 stop_reason_name(st.stop), sc.seed);
+                 "stop: {} · seed {}\n",
+                 st.prompt_tokens, st.generated_tokens, st.prefill_tps(), st.decode_tps(), stop_reason_name(st.stop),
+                 sc.seed);
+      // The cache: bytes held (payload + scales), stored tokens, and the monotonic
+      // position when eviction made them differ.
+      std::string where = stored_str(stored);
+      if (max_stored != cache_ref.position())
+        where = fmt::format("position {} ({} generated) · {}{}", cache_ref.position(), st.generated_tokens, where,
+                            cache_ref.bounded() ? " (StreamingLLM cap)" : "");
+      fmt::print(stderr, "kv cache {} bytes = {} payload + {} scales · {} · peak RSS {} KiB\n",
+                 cache_ref.payload_bytes() + cache_ref.scale_bytes(), cache_ref.payload_bytes(),
+                 cache_ref.scale_bytes(), where, peak_rss_kib());
     }
   });
 }

@@ -5,6 +5,7 @@
 
 namespace ptllm::cli {
 void add_sample_command(CLI::App& root);
+void add_cache_table_command(CLI::App& root);
 void add_logits_command(CLI::App& root);
 void add_tokenize_command(CLI::App& root);
 void add_bench_command(CLI::App& root);

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "posttrainllm 0.1.0");
   ptllm::cli::add_sample_command(app);
+  ptllm::cli::add_cache_table_command(app);
   ptllm::cli::add_logits_command(app);
   ptllm::cli::add_tokenize_command(app);
   ptllm::cli::add_bench_command(app);

@@ -1,0 +1,62 @@
+#include "app/cache_flags.h"
+
+#include "core/error.h"
+
+namespace ptllm::cli {
+namespace {
+
+// CLI11 prints "<flag>: <message>" for a failed check and exits non-zero.
+CLI::Validator integer_at_least(int64_t lo, std::string why) {
+  return CLI::Validator(
+      [lo, why](std::string& s) -> std::string {
+        int64_t v = 0;
+        size_t used = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used != s.size() || s.empty() || v < lo) return "got " + s + ", expected an integer >= " + std::to_string(lo) + why;
+        return {};
+      },
+      "INT>=" + std::to_string(lo));
+}
+
+template <typename Parse>
+CLI::Validator one_of(Parse parse, std::string desc) {
+  return CLI::Validator(
+      [parse](std::string& s) -> std::string {
+        try {
+          parse(s);
+          return {};
+        } catch (const Error& e) {
+          // "--flag value: expected ..." -> "got value, expected ..." (CLI11 prefixes the flag).
+          const std::string m = e.what();
+          const size_t colon = m.find(": ");
+          return "got " + s + ", " + (colon == std::string::npos ? m : m.substr(colon + 2));
+        }
+      },
+      std::move(desc));
+}
+
+}  // namespace
+
+void add_cache_flags(CLI::App* cmd, CacheOptions& o) {
+  cmd->add_option_function<std::string>(
+         "--kv-quantize", [&o](const std::string& s) { o.storage = parse_storage(s); },
+         "KV cache storage: fp32 (default), fp16, bf16, int8, int4 (int8/int4 = KIVI: K per-channel, V per-token)")
+      ->check(one_of(parse_storage, "fp32|fp16|bf16|int8|int4"));
+  cmd->add_option("--streaming-llm-sink", o.sink,
+                  "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window")
+      ->check(integer_at_least(0, ""));
+  cmd->add_option("--streaming-llm-window", o.window,
+                  "StreamingLLM: keep only the last M tokens beyond the sinks (bounds the cache to N+M tokens)")
+      ->check(integer_at_least(1, " (leave both StreamingLLM flags out for an unbounded cache)"));
+  cmd->add_option_function<std::string>(
+         "--streaming-llm-rope", [&o](const std::string& s) { o.rope_mode = parse_rope_mode(s); },
+         "reposition (default: keys stored before RoPE, rotated by cache slot) or absolute (keys keep their original "
+         "position)")
+      ->check(one_of(parse_rope_mode, "absolute|reposition"));
+}
+
+}  // namespace ptllm::cli
