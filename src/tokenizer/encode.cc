@@ -272,7 +272,10 @@ void PreTokenizer::run(Piece& p, PieceSink sink) const {
       // (Assigning instead of insert(0, ...) also dodges a GCC 12 -Wrestrict false positive.)
       if (add_prefix_space && p.text[0] != ' ') p.text = " " + p.text;
       if (regex) {
-        stream_split(p, [&](auto&& f) { regex->for_each(p.text, f); }, SplitBehavior::Isolated, false, true, sink);
+        stream_split(p, [&](auto&& f) { regex->for_each(p.text, f); }, SplitBehavior::Isolated, false,
+                     !defer_mapping, sink);
+      } else if (defer_mapping) {
+        sink(p);
       } else {
         Piece q{to_byte_level(p.text), p.at_origin};
         sink(q);
@@ -336,7 +339,7 @@ struct CandGreater {
 void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges) {
-    const int32_t id = vocab_map.find(word);
+    const int32_t id = raw_bytes ? raw_map.find(word) : vocab_map.find(word);
     if (id >= 0) {
       out.push_back(id);
       return;
@@ -407,6 +410,10 @@ void Bpe::tokenize_uncached(std::string_view word, std::vector<int32_t>& out) co
   const bool plain = continuing_subword_prefix.empty() && end_of_word_suffix.empty();
   int32_t unk_pending_len = 0;  // > 0 while an unk symbol waits to be emitted
   size_t i = 0;
+  if (raw_bytes) {
+    for (unsigned char c : word) add(byte_sym[c], 1);
+    i = word.size();
+  }
   while (i < word.size()) {
     const size_t b = i;
     const uint32_t cp = utf8_next(word, i);

@@ -191,6 +191,9 @@ struct PreTokenizer {
   SplitBehavior behavior = SplitBehavior::Isolated;
   bool invert = false;
   bool add_prefix_space = false;  // ByteLevel
+  // ByteLevel as the final stage: leave pieces as raw bytes, the model then
+  // works on bytes directly (Bpe::raw_bytes) instead of mapped characters.
+  bool defer_mapping = false;
   bool individual_digits = false;
   std::string replacement;        // Metaspace
   int prepend_scheme = 0;         // Metaspace: 0 always, 1 first, 2 never
@@ -220,6 +223,14 @@ struct Bpe {
   // identical result. This keeps SentencePiece-style models (no
   // pre-tokenizer: the whole text is one "word") linear-time and cacheable.
   std::string split_marker;
+  // Byte-level models whose pre-tokenizer ends with ByteLevel: words arrive
+  // as raw bytes; initial symbols come from byte_sym and whole-word lookups
+  // (ignore_merges) from raw_map over the byte-decoded vocabulary. Same ids,
+  // without re-encoding every byte as a 1-2 byte UTF-8 character.
+  bool raw_bytes = false;
+  int32_t byte_sym[256];
+  std::vector<std::string> raw_vocab;
+  StrIdMap raw_map;
   uint64_t uid = 0;  // identifies this model in the per-thread word cache
   void tokenize(std::string_view word, std::vector<int32_t>& out) const;
   void tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const;

@@ -436,6 +436,40 @@ void parse_bpe(const json& m, RawModel& raw, const Ctx& c, Bpe& bpe) {
   bpe.uid = next_uid.fetch_add(1);
 }
 
+// See Bpe::raw_bytes. Only when ByteLevel is the very last stage (nothing
+// after it could observe the difference) and every byte has its own symbol.
+void enable_raw_bytes(PreTokenizer& pt, Bpe& bpe) {
+  PreTokenizer* last = &pt;
+  while (last->kind == PreTokenizer::Kind::Sequence && !last->children.empty()) last = &last->children.back();
+  if (last->kind != PreTokenizer::Kind::ByteLevel) return;
+  if (!bpe.continuing_subword_prefix.empty() || !bpe.end_of_word_suffix.empty()) return;
+  const uint32_t* map = byte_to_cp();
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    utf8_append(ch, map[b]);
+    bpe.byte_sym[b] = bpe.vocab_map.find(ch);
+    if (bpe.byte_sym[b] < 0) return;
+  }
+  bpe.raw_vocab.assign(bpe.vocab.size(), std::string());
+  bpe.raw_map.build(&bpe.raw_vocab, bpe.vocab.size());
+  for (size_t id = 0; id < bpe.vocab.size(); ++id) {
+    const std::string& v = bpe.vocab[id];
+    std::string raw;
+    size_t i = 0;
+    bool ok = !v.empty();
+    while (ok && i < v.size()) {
+      const int b = byte_from_cp(utf8_next(v, i));
+      ok = b >= 0;
+      raw.push_back(char(b));
+    }
+    if (!ok) continue;
+    bpe.raw_vocab[id] = std::move(raw);
+    bpe.raw_map.insert(int32_t(id));
+  }
+  bpe.raw_bytes = true;
+  last->defer_mapping = true;
+}
+
 bool decoder_has(const Decoder& d, Decoder::Kind k, size_t* strip_stop) {
   if (d.kind == Decoder::Kind::Strip && d.stop > 0) *strip_stop = d.stop;
   if (d.kind == k) return true;
@@ -477,8 +511,10 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
     parse_bpe(m, raw, c, t.bpe);
 
     if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer = parse_normalizer(j["normalizer"], c);
-    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
+    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
       t.pre_tokenizer = parse_pre_tokenizer(j["pre_tokenizer"], c, &t.byte_level);
+      enable_raw_bytes(*t.pre_tokenizer, t.bpe);
+    }
     if (j.contains("post_processor") && !j["post_processor"].is_null()) t.post = parse_post(j["post_processor"], c);
     if (j.contains("decoder") && !j["decoder"].is_null()) {
       t.decoder = parse_decoder(j["decoder"], c);
