@@ -6,6 +6,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -21,17 +23,26 @@ namespace {
 std::atomic<bool> g_interrupted{false};
 void on_sigint(int) { g_interrupted.store(true); }
 
-// Peak resident set size (VmHWM) in KiB, or -1 where /proc is unavailable.
-int64_t peak_rss_kib() {
+// A "Name: N kB" field of /proc/self/status in KiB, or -1 where unavailable.
+int64_t proc_status_kib(const char* field) {
   FILE* f = std::fopen("/proc/self/status", "r");
   if (!f) return -1;
   char line[256];
   int64_t kib = -1;
+  const size_t n = std::strlen(field);
   while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') {
+      kib = std::strtoll(line + n + 1, nullptr, 10);
+      break;
+    }
   std::fclose(f);
   return kib;
 }
+// Peak resident set size (VmHWM). It includes file-backed pages of the mmapped
+// weights (an embedding row is paged in the first time its token is seen), so
+// the anonymous part (RssAnon: the cache, buffers) is reported beside it.
+int64_t peak_rss_kib() { return proc_status_kib("VmHWM"); }
+int64_t anon_rss_kib() { return proc_status_kib("RssAnon"); }
 
 // Stored tokens of every cache layer.
 std::vector<int64_t> stored_per_layer(const KVCache& c) {
@@ -121,9 +132,9 @@ void add_sample_command(CLI::App& root) {
       if (o->report_every > 0 && int64_t(generated.size()) % o->report_every == 0) {
         const KVCache& c = session.cache();
         const auto st = stored_per_layer(c);
-        fmt::print(stderr, "[kv] generated {} · position {} · {} (max {}) · kv {} bytes · peak RSS {} KiB\n",
+        fmt::print(stderr, "[kv] generated {} · position {} · {} (max {}) · kv {} bytes · peak RSS {} KiB · anon RSS {} KiB\n",
                    generated.size(), c.position(), stored_str(st), *std::max_element(st.begin(), st.end()),
-                   c.payload_bytes() + c.scale_bytes(), peak_rss_kib());
+                   c.payload_bytes() + c.scale_bytes(), peak_rss_kib(), anon_rss_kib());
       }
       if (!o->json) {
         std::string piece = stream.push(id);
@@ -166,7 +177,8 @@ void add_sample_command(CLI::App& root) {
                     {"stored_tokens", max_stored},
                     {"stored_tokens_per_layer", stored},
                     {"position", cache_ref.position()},
-                    {"peak_rss_kib", peak_rss_kib()}};
+                    {"peak_rss_kib", peak_rss_kib()},
+                    {"anon_rss_kib", anon_rss_kib()}};
       fmt::print("{}\n", j.dump(2));
     } else {
       std::string rest = stream.flush();
