@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <immintrin.h>
 
 #include "core/error.h"
 #include "kv/cache_options.h"
@@ -9,6 +10,26 @@
 
 namespace ptllm {
 namespace {
+
+// fp16 -> fp32 for reading fp16 rows back every step. Scalar reference, and an
+// F16C path (8 per instruction) used when the CPU has it and ops is not forced
+// to scalar (ops::set_simd_level, used by tests).
+void widen_f16_scalar(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+__attribute__((target("avx,f16c"))) void widen_f16_f16c(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  widen_f16_scalar(src + i, dst + i, n - i);
+}
+void widen_f16(const uint16_t* src, float* dst, int64_t n) {
+  static const bool has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  if (has_f16c && ops::simd_level() != ops::SimdLevel::Scalar)
+    widen_f16_f16c(src, dst, n);
+  else
+    widen_f16_scalar(src, dst, n);
+}
 
 // fp32 / fp16 / bf16 rows: a plain cast of each value. Elem is float or uint16_t.
 template <typename Elem, DType D>
@@ -39,6 +60,8 @@ class PlainStore : public KVStore {
     const Elem* src = data_.data() + head * capacity_ * head_dim_;
     if constexpr (D == DType::F32) {
       std::copy_n(src, len_ * head_dim_, out);
+    } else if constexpr (D == DType::F16) {
+      widen_f16(src, out, len_ * head_dim_);
     } else {
       ops::to_f32(src, D, out, len_ * head_dim_);
     }
@@ -89,34 +112,51 @@ KiviKeyStore::KiviKeyStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity
       params_(size_t(n_heads * head_dim)) {}
 
 void KiviKeyStore::append(const float* x, int64_t n) {
-  const int64_t hd = head_dim_, total = len_ + n;
-  // Per head: dequantise what is stored, add the new rows, then choose new
-  // per-channel parameters over all of them and re-quantise (the simple scheme).
+  const int64_t hd = head_dim_, old = len_, total = len_ + n;
+  // The simple scheme: per (head, channel), dequantise what is stored, add the
+  // new rows, choose parameters over all of them and re-quantise. A channel
+  // whose parameters come out unchanged keeps its codes as they are:
+  // re-quantising a dequantised value with the same parameters gives the same
+  // code back, so only channels whose range moved are rewritten.
   // Heads are independent; parallel when there is enough work to pay for it.
-#pragma omp parallel for schedule(static) if (n_heads_ * total * hd >= (1 << 15))
+#pragma omp parallel for schedule(static) if (n_heads_ * total * hd >= (1 << 16))
   for (int64_t h = 0; h < n_heads_; ++h) {
-    std::vector<float> all(static_cast<size_t>(total * hd));
-    std::vector<uint8_t> u(static_cast<size_t>(hd));
-    read(h, all.data());
-    for (int64_t t = 0; t < n; ++t)
-      std::copy_n(x + (t * n_heads_ + h) * hd, hd, all.data() + (len_ + t) * hd);
-    std::vector<float> lo(static_cast<size_t>(hd), INFINITY), hi(static_cast<size_t>(hd), -INFINITY);
-    for (int64_t t = 0; t < total; ++t)
+    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
+    std::vector<uint8_t> umin(static_cast<size_t>(hd), 255), umax(static_cast<size_t>(hd), 0);
+    for (int64_t t = 0; t < old; ++t)
       for (int64_t c = 0; c < hd; ++c) {
-        const float v = all[size_t(t * hd + c)];
-        lo[size_t(c)] = std::min(lo[size_t(c)], v);
-        hi[size_t(c)] = std::max(hi[size_t(c)], v);
+        const uint8_t u = kivi::code_at(base + size_t(t) * row_, c, r_);
+        umin[size_t(c)] = std::min(umin[size_t(c)], u);
+        umax[size_t(c)] = std::max(umax[size_t(c)], u);
       }
     std::vector<kivi::WideParams> w(static_cast<size_t>(hd));
     for (int64_t c = 0; c < hd; ++c) {
-      auto& p = params_[size_t(h * hd + c)];
-      p = kivi::choose_params(lo[size_t(c)], hi[size_t(c)], r_);
-      w[size_t(c)] = kivi::widen(p);
+      kivi::AffineParams& p = params_[size_t(h * hd + c)];
+      const kivi::WideParams ow = kivi::widen(p);
+      float lo = INFINITY, hi = -INFINITY;
+      if (old > 0) {
+        lo = kivi::dequantise(umin[size_t(c)], ow);
+        hi = kivi::dequantise(umax[size_t(c)], ow);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        const float v = x[(t * n_heads_ + h) * hd + c];
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+      const kivi::AffineParams np = kivi::choose_params(lo, hi, r_);
+      w[size_t(c)] = kivi::widen(np);
+      if (old > 0 && (np.scale.bits() != p.scale.bits() || np.zero.bits() != p.zero.bits()))
+        for (int64_t t = 0; t < old; ++t) {
+          uint8_t* row = base + size_t(t) * row_;
+          const float v = kivi::dequantise(kivi::code_at(row, c, r_), ow);
+          kivi::set_code(row, c, kivi::quantise(v, w[size_t(c)], r_), r_);
+        }
+      p = np;
     }
-    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
-    for (int64_t t = 0; t < total; ++t) {
-      for (int64_t c = 0; c < hd; ++c) u[size_t(c)] = kivi::quantise(all[size_t(t * hd + c)], w[size_t(c)], r_);
-      kivi::pack_row(u.data(), hd, r_, base + size_t(t) * row_);
+    std::vector<uint8_t> u(static_cast<size_t>(hd));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t c = 0; c < hd; ++c) u[size_t(c)] = kivi::quantise(x[(t * n_heads_ + h) * hd + c], w[size_t(c)], r_);
+      kivi::pack_row(u.data(), hd, r_, base + size_t(old + t) * row_);
     }
   }
   len_ = total;

@@ -69,6 +69,15 @@ uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r) {
   return (i & 1) ? uint8_t(b >> 4) : uint8_t(b & 0x0f);
 }
 
+void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r) {
+  if (r.bits == 8) {
+    row[i] = u;
+    return;
+  }
+  uint8_t& b = row[i / 2];
+  b = (i & 1) ? uint8_t((b & 0x0f) | ((u & 0x0f) << 4)) : uint8_t((b & 0xf0) | (u & 0x0f));
+}
+
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* scale, const float* zero, float* out) {
   if (r.bits == 8) {
     for (int64_t i = 0; i < n; ++i) out[i] = float(row[i]) * scale[i] + zero[i];

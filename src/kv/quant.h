@@ -83,6 +83,7 @@ constexpr size_t row_bytes(int64_t n, QuantRange r) { return r.bits == 8 ? size_
 // int4: byte j holds element 2j in the low nibble and 2j+1 in the high one.
 void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst);
 uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r);
+void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r);
 
 // Dequantises one packed row of n elements into fp32.
 // Per channel: element i uses scale[i], zero[i] (K). Per token: every element uses w (V).

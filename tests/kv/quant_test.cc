@@ -265,3 +265,47 @@ TEST(KiviQuant, QuantisedCacheAttendsOverDequantisedFloats) {
 
 }  // namespace
 }  // namespace ptllm
+
+namespace ptllm {
+namespace {
+
+// The key store keeps the codes of channels whose parameters did not change
+// instead of re-quantising them; that must equal the literal simple scheme
+// (dequantise all, append, choose parameters over all, re-quantise all), here
+// recomputed from read() over a stream of appends and evictions.
+TEST(KiviQuant, KeyStoreMatchesLiteralRequantisation) {
+  const int64_t H = 2, D = 8, cap = 24;
+  std::mt19937 rng(5);
+  for (QuantRange r : {kInt8Range, kInt4Range}) {
+    KiviKeyStore ks(r, H, cap, D);
+    for (int step = 0; step < 200; ++step) {
+      if (ks.size() + 1 > cap) ks.evict(2, 3);
+      std::vector<float> before(static_cast<size_t>(H * (ks.size() + 1) * D));
+      std::vector<float> x(static_cast<size_t>(H * D));
+      // Occasional outliers move the range; most steps stay inside it.
+      for (auto& v : x) v = std::normal_distribution<float>(0.f, step % 17 == 0 ? 4.f : 1.f)(rng);
+      const int64_t old = ks.size();
+      for (int64_t h = 0; h < H; ++h) ks.read(h, before.data() + h * (old + 1) * D);
+      ks.append(x.data(), 1);
+      std::vector<float> got(static_cast<size_t>((old + 1) * D));
+      for (int64_t h = 0; h < H; ++h) {
+        float* all = before.data() + h * (old + 1) * D;
+        std::copy_n(x.data() + h * D, D, all + old * D);
+        ks.read(h, got.data());
+        for (int64_t c = 0; c < D; ++c) {
+          float lo = INFINITY, hi = -INFINITY;
+          for (int64_t t = 0; t <= old; ++t) lo = std::min(lo, all[t * D + c]), hi = std::max(hi, all[t * D + c]);
+          const auto w = kivi::widen(kivi::choose_params(lo, hi, r));
+          for (int64_t t = 0; t <= old; ++t) {
+            const float expect = kivi::dequantise(kivi::quantise(all[t * D + c], w, r), w);
+            ASSERT_NEAR(got[size_t(t * D + c)], expect, 1e-6f * (1.f + std::fabs(expect)))
+                << "int" << r.bits << " step " << step << " head " << h << " slot " << t << " channel " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptllm
