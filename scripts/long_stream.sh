@@ -4,11 +4,16 @@
 # --kv-quantize mode. For each mode it checks, from sample's per-token
 # `--report-every 1` lines on stderr:
 #   * the stored count is <= 256 in every layer at every step;
-#   * peak RSS (VmHWM) after TOKENS tokens is within 5% of that after 1,000,
-#     and so is the anonymous RSS (RssAnon: cache + buffers; VmHWM also counts
-#     pages of the mmapped weights, e.g. embedding rows of newly seen tokens);
+#   * the anonymous RSS (RssAnon: the cache, buffers, heap) after TOKENS tokens
+#     is within 5% of that after 1,000;
+#   * peak RSS (VmHWM) is reported the same way. It also counts file-backed
+#     pages of the mmapped weights, and the embedding table is paged in row by
+#     row as new tokens are sampled, so VmHWM keeps rising while the cache
+#     stays flat; the check is that its growth stays below the embedding
+#     table's size (EMBED_KIB, 16,000 KiB for flagship-27m);
 #   * text was printed (stdout holds the generated text).
-# Usage: scripts/long_stream.sh [modes...]   (env: BIN, TOKENS, THREADS, OUT_DIR, MODEL)
+# Usage: scripts/long_stream.sh [modes...]
+#   env: BIN, TOKENS, THREADS, OUT_DIR, MODEL, EMBED_KIB; ANALYZE_ONLY=1 re-checks OUT_DIR without running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/app/posttrainllm}
@@ -16,6 +21,8 @@ TOKENS=${TOKENS:-10000}
 THREADS=${THREADS:-0}
 OUT_DIR=${OUT_DIR:-/tmp/long_stream}
 MODEL=${MODEL:-models/flagship-27m}
+EMBED_KIB=${EMBED_KIB:-16000}
+ANALYZE_ONLY=${ANALYZE_ONLY:-0}
 SINK=4
 WINDOW=252
 CAP=$((SINK + WINDOW))
@@ -23,13 +30,13 @@ MODES=("$@")
 [ ${#MODES[@]} -gt 0 ] || MODES=(fp32 fp16 bf16 int8 int4)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mkdir -p "$OUT_DIR"
-[ -x "$BIN" ] || { echo "long_stream: $BIN not built (set BIN=...)" >&2; exit 2; }
+[ "$ANALYZE_ONLY" = 1 ] || [ -x "$BIN" ] || { echo "long_stream: $BIN not built (set BIN=...)" >&2; exit 2; }
 
 fail=0
 printf '%-5s %7s %6s %9s %11s %11s %7s %11s %11s %7s %10s %7s\n' mode tokens stored kv_bytes hwm@1k_KiB hwm@end_KiB growth anon@1k_KiB anon@end_KiB growth text_bytes tok/s
 for mode in "${MODES[@]}"; do
   out="$OUT_DIR/$mode.out" err="$OUT_DIR/$mode.err"
-  "$BIN" sample "$MODEL" --prompt "Once upon a time" --tokens "$TOKENS" --ignore-eos --temperature 0.8 --seed 1 \
+  [ "$ANALYZE_ONLY" = 1 ] || "$BIN" sample "$MODEL" --prompt "Once upon a time" --tokens "$TOKENS" --ignore-eos --temperature 0.8 --seed 1 \
     --threads "$THREADS" --kv-quantize "$mode" --streaming-llm-sink "$SINK" --streaming-llm-window "$WINDOW" \
     --report-every 1 >"$out" 2>"$err" || { echo "$mode: sample failed (see $err)"; fail=1; continue; }
   # [kv] generated G · position P · stored ... (max S) · kv B bytes · peak RSS R KiB
@@ -48,7 +55,8 @@ for mode in "${MODES[@]}"; do
     "$growth" "$anon1k" "$anonend" "$agrowth" "$text_bytes" "$tps"
   [ "$steps" -eq "$TOKENS" ] || { echo "$mode: $steps report lines, expected $TOKENS"; fail=1; }
   [ "$max_stored" -le "$CAP" ] || { echo "$mode: stored $max_stored > $CAP"; fail=1; }
-  awk -v a="$rss1k" -v b="$rssend" 'BEGIN { exit !(b <= a * 1.05) }' || { echo "$mode: peak RSS grew more than 5%"; fail=1; }
+  awk -v a="$rss1k" -v b="$rssend" -v e="$EMBED_KIB" 'BEGIN { exit !(b - a <= e) }' ||
+    { echo "$mode: peak RSS grew by more than the embedding table"; fail=1; }
   awk -v a="$anon1k" -v b="$anonend" 'BEGIN { exit !(b <= a * 1.05) }' || { echo "$mode: anonymous RSS grew more than 5%"; fail=1; }
   [ "$text_bytes" -gt $((TOKENS)) ] || { echo "$mode: only $text_bytes bytes of text"; fail=1; }
 done
