@@ -99,47 +99,57 @@ void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* log
   const auto& c = config_;
   const int64_t H = c.hidden_size, F = c.intermediate_size;
   const int64_t QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
-  std::vector<float> x(size_t(n * H)), xn(size_t(n * H)), q(size_t(n * QD)), k(size_t(n * KD)), v(size_t(n * KD)),
-      att(size_t(n * QD)), proj(size_t(n * H)), gate(size_t(n * F)), up(size_t(n * F));
+  // Activations in one per-thread workspace, reused across calls (decode calls
+  // forward once per token; nine allocations each time showed up in profiles).
+  thread_local std::vector<float> ws;
+  ws.resize(size_t(n * (3 * H + 2 * QD + 2 * KD + 2 * F)));
+  float* const x = ws.data();                              // [n, H] residual stream
+  float* const xn = x + n * H;                             // [n, H] normed
+  float* const proj = xn + n * H;                          // [n, H] o_proj / down_proj output
+  float* const q = proj + n * H;                           // [n, QD]
+  float* const att = q + n * QD;                           // [n, QD]
+  float* const k = att + n * QD;                           // [n, KD]
+  float* const v = k + n * KD;                             // [n, KD]
+  float* const gate = v + n * KD;                          // [n, F]
+  float* const up = gate + n * F;                          // [n, F]
+  const size_t nH = size_t(n * H);
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = tokens[t];
     if (id < 0 || id >= c.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c.vocab_size - 1);
-    ops::to_f32(embed_.data + storage_bytes(embed_.dtype, size_t(id) * size_t(H)), embed_.dtype, &x[size_t(t * H)], H);
+    ops::to_f32(embed_.data + storage_bytes(embed_.dtype, size_t(id) * size_t(H)), embed_.dtype, x + t * H, H);
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];
     if (c.yoco() && l == c.yoco_self_layers) {
       // YOCO: the one global K/V, computed from the self-decoder's output and
       // shared by every cross-decoder layer.
-      ops::rmsnorm(x.data(), yoco_kv_norm_, c.rms_eps, n, H, xn.data());
-      ops::matmul(yoco_wk_, xn.data(), n, k.data());
-      ops::matmul(yoco_wv_, xn.data(), n, v.data());
-      cache.append(w.cache_layer, k.data(), v.data(), n);
+      ops::rmsnorm(x, yoco_kv_norm_, c.rms_eps, n, H, xn);
+      const ops::MatmulJob kv[] = {{&yoco_wk_, k, nullptr}, {&yoco_wv_, v, nullptr}};
+      ops::matmul_multi(xn, n, kv, 2);
+      cache.append(w.cache_layer, k, v, n);
     }
-    ops::rmsnorm(x.data(), w.attn_norm, c.rms_eps, n, H, xn.data());
-    ops::matmul(w.wq, xn.data(), n, q.data(), w.has_bias ? &w.bq : nullptr);
-    if (w.has_kv) {
-      ops::matmul(w.wk, xn.data(), n, k.data(), w.has_bias ? &w.bk : nullptr);
-      ops::matmul(w.wv, xn.data(), n, v.data(), w.has_bias ? &w.bv : nullptr);
-      cache.append(w.cache_layer, k.data(), v.data(), n);
-    }
-    cache.attend(w.cache_layer, q.data(), n, att.data());
-    ops::matmul(w.wo, att.data(), n, proj.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
-    ops::rmsnorm(x.data(), w.ffn_norm, c.rms_eps, n, H, xn.data());
-    ops::matmul(w.w_gate, xn.data(), n, gate.data());
-    ops::matmul(w.w_up, xn.data(), n, up.data());
-    ops::silu_mul(gate.data(), up.data(), n * F);
-    ops::matmul(w.w_down, gate.data(), n, proj.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
+    ops::rmsnorm(x, w.attn_norm, c.rms_eps, n, H, xn);
+    // q, k, v in one parallel pass over their weights.
+    const ops::MatmulJob qkv[] = {{&w.wq, q, w.has_bias ? &w.bq : nullptr},
+                                  {&w.wk, k, w.has_bias ? &w.bk : nullptr},
+                                  {&w.wv, v, w.has_bias ? &w.bv : nullptr}};
+    ops::matmul_multi(xn, n, qkv, w.has_kv ? 3 : 1);
+    if (w.has_kv) cache.append(w.cache_layer, k, v, n);
+    cache.attend(w.cache_layer, q, n, att);
+    ops::matmul(w.wo, att, n, proj);
+    for (size_t i = 0; i < nH; ++i) x[i] += proj[i];
+    ops::rmsnorm(x, w.ffn_norm, c.rms_eps, n, H, xn);
+    ops::matmul_swiglu(w.w_gate, w.w_up, xn, n, gate, up);  // gate = silu(gate) * up
+    ops::matmul(w.w_down, gate, n, proj);
+    for (size_t i = 0; i < nH; ++i) x[i] += proj[i];
   }
   cache.advance(n);
   if (all_logits) {
-    ops::rmsnorm(x.data(), final_norm_, c.rms_eps, n, H, xn.data());
-    ops::matmul(lm_head_, xn.data(), n, logits);
+    ops::rmsnorm(x, final_norm_, c.rms_eps, n, H, xn);
+    ops::matmul(lm_head_, xn, n, logits);
   } else {
-    ops::rmsnorm(x.data() + (n - 1) * H, final_norm_, c.rms_eps, 1, H, xn.data());
-    ops::matmul(lm_head_, xn.data(), 1, logits);
+    ops::rmsnorm(x + (n - 1) * H, final_norm_, c.rms_eps, 1, H, xn);
+    ops::matmul(lm_head_, xn, 1, logits);
   }
 }
 
