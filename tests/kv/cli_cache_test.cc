@@ -1,0 +1,86 @@
+// The cache flags end to end through the posttrainllm binary: bad input is
+// one line naming the flag and a non-zero exit; a bounded cache lets sample
+// go past the model context; cache-table prints the measured bytes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+struct Result {
+  int status;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(PTLLM_CLI) + " " + args;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+const std::string kStories = test::repo_dir() + "/models/stories260K";
+
+void expect_error(const std::string& flags, const std::string& needle) {
+  Result r = run("sample " + kStories + " -p hi -n 2 " + flags + " 2>&1");
+  EXPECT_NE(r.status, 0) << flags;
+  EXPECT_LT(r.status, 128) << "crashed: " << flags;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << flags << "\n" << r.out;
+}
+
+TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
+  expect_error("--kv-quantize int3", "--kv-quantize: got int3, expected one of fp32, fp16, bf16, int8, int4");
+  expect_error("--streaming-llm-sink -1 --streaming-llm-window 8", "--streaming-llm-sink: got -1");
+  expect_error("--streaming-llm-window -2", "--streaming-llm-window: got -2");
+  expect_error("--streaming-llm-window 0", "--streaming-llm-window: got 0, expected an integer >= 1");
+  expect_error("--streaming-llm-sink 4", "--streaming-llm-sink 4 needs --streaming-llm-window");
+  expect_error("--streaming-llm-rope relative", "--streaming-llm-rope: got relative");
+}
+
+// stories260K has a 512-token context: unbounded stops there with a note,
+// a StreamingLLM cache goes on, never storing more than sink + window.
+TEST(CacheFlags, BoundedCacheGeneratesPastTheContext) {
+  Result unb = run("sample " + kStories + " -p 'Once upon a time' -n 700 --ignore-eos --seed 1 --threads 1 2>&1 >/dev/null");
+  ASSERT_EQ(unb.status, 0) << unb.out;
+  EXPECT_NE(unb.out.find("stopped at the model's context length"), std::string::npos) << unb.out;
+  for (const char* q : {"fp32", "int4"}) {
+    Result r = run("sample " + kStories + " -p 'Once upon a time' -n 700 --ignore-eos --seed 1 --threads 1 --json " +
+                   "--kv-quantize " + q + " --streaming-llm-sink 4 --streaming-llm-window 60 2>/dev/null");
+    ASSERT_EQ(r.status, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["generated_ids"].size(), 700u);
+    EXPECT_EQ(j["stats"]["stop_reason"], "length");
+    EXPECT_EQ(j["stats"]["stored_tokens"], 64);
+    EXPECT_GT(j["stats"]["position"].get<int64_t>(), 512);
+    for (auto& s : j["stats"]["stored_tokens_per_layer"]) EXPECT_LE(s.get<int64_t>(), 64);
+    EXPECT_GT(j["stats"]["kv_cache_payload_bytes"].get<int64_t>(), 0);
+  }
+}
+
+TEST(CacheFlags, CacheTablePrintsMeasuredBytes) {
+  Result r = run("cache-table --lengths 500 --json 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  auto row = j["rows"][0];
+  EXPECT_EQ(row["tokens"], 500);
+  EXPECT_EQ(row["fp32"]["total"], 12288000);
+  EXPECT_EQ(row["bf16"]["total"], 6144000);
+  EXPECT_EQ(row["int8"]["payload"], 3072000);
+  EXPECT_EQ(row["int4"]["payload"], 1536000);
+  EXPECT_EQ(row["int4"]["scales"], 204288);
+  Result bad = run("cache-table --lengths 0,5 2>&1");
+  EXPECT_NE(bad.status, 0);
+}
+
+}  // namespace
+}  // namespace ptllm
