@@ -9,4 +9,6 @@ void add_cache_table_command(CLI::App& root);
 void add_logits_command(CLI::App& root);
 void add_tokenize_command(CLI::App& root);
 void add_bench_command(CLI::App& root);
+void add_perplexity_command(CLI::App& root);
+void add_compare_command(CLI::App& root);
 }  // namespace ptllm::cli

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   ptllm::cli::add_logits_command(app);
   ptllm::cli::add_tokenize_command(app);
   ptllm::cli::add_bench_command(app);
+  ptllm::cli::add_perplexity_command(app);
+  ptllm::cli::add_compare_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

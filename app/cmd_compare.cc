@@ -1,0 +1,166 @@
+// `compare`: greedy decoding under each cache setting against the plain fp32
+// cache — how many leading tokens match, per prompt and on average.
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.h"
+#include "app/common.h"
+#include "core/error.h"
+#include "engine/session.h"
+#include "eval/perplexity.h"
+#include "eval/report.h"
+#include "eval/sweep.h"
+#include "io/mmap.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm::cli {
+namespace {
+
+// Prompts from a file: a JSON array of strings, a JSON object whose "prompts"
+// array holds strings or {"prompt": ...} objects (a reference.json), or plain
+// text with one prompt per non-empty line.
+std::vector<std::string> read_prompts(const std::string& path) {
+  const std::string text = read_text_file(path);
+  std::vector<std::string> out;
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (text[first] == '[' || text[first] == '{')) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}: not valid JSON ({})", path, e.what());
+    }
+    const nlohmann::json* arr = &j;
+    if (j.is_object()) {
+      if (!j.contains("prompts")) fail("{}: expected a \"prompts\" array", path);
+      arr = &j["prompts"];
+    }
+    if (!arr->is_array()) fail("{}: expected an array of prompts", path);
+    for (const auto& p : *arr) {
+      if (p.is_string()) out.push_back(p.get<std::string>());
+      else if (p.is_object() && p.contains("prompt") && p["prompt"].is_string()) out.push_back(p["prompt"]);
+      else fail("{}: expected each prompt to be a string or an object with a \"prompt\" string", path);
+    }
+  } else {
+    size_t pos = 0;
+    while (pos <= text.size()) {
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      std::string line = text.substr(pos, nl - pos);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(line);
+      pos = nl + 1;
+    }
+  }
+  if (out.empty()) fail("{}: no prompts found", path);
+  return out;
+}
+
+}  // namespace
+
+void add_compare_command(CLI::App& root) {
+  struct Opts {
+    std::string model, prompts;
+    int64_t tokens = 60;
+    bool json = false, csv = false, quiet = false;
+    eval::SweepFlags sweep;
+    int threads = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = root.add_subcommand(
+      "compare", "Greedy decoding under each cache setting vs the fp32 cache: matching prefix per prompt and mean");
+  cmd->add_option("model", o->model, "Model folder")->required();
+  cmd->add_option("--prompts", o->prompts,
+                  "Prompts: one per line, a JSON array of strings, or a reference.json with a \"prompts\" array")
+      ->required();
+  cmd->add_option("--tokens,-n", o->tokens, "Greedy tokens per prompt (default 60)");
+  cmd->add_option("--kv-quantize", o->sweep.kv_quantize,
+                  "Settings to compare, a comma list: fp32, fp16, bf16, int8, int4 (default bf16,int8,int4)");
+  cmd->add_option("--streaming-llm-sink", o->sweep.sink, "Attention-sink tokens; a comma list pairs with the window");
+  cmd->add_option("--streaming-llm-window", o->sweep.window, "Recent tokens kept (0 = unbounded); a comma list");
+  cmd->add_option("--streaming-llm-rope", o->sweep.rope, "reposition or absolute; a comma list to sweep");
+  cmd->add_flag("--json", o->json, "Print one JSON object");
+  cmd->add_flag("--csv", o->csv, "Print the table as CSV");
+  cmd->add_flag("--quiet,-q", o->quiet, "No progress bar");
+  add_threads_flag(cmd, o->threads);
+  cmd->callback([o] {
+    if (o->json && o->csv) fail("--json and --csv: choose one output format");
+    if (o->tokens < 1) fail("--tokens {}: expected >= 1", o->tokens);
+    if (o->sweep.kv_quantize.empty()) o->sweep.kv_quantize = "bf16,int8,int4";
+    const std::vector<CacheOptions> settings = eval::expand_sweep(o->sweep);
+    const std::vector<std::string> prompts = read_prompts(o->prompts);
+    apply_threads(o->threads);
+    LoadedModel lm = load_model(o->model);
+    if (!lm.tokenizer) fail("{}: no tokenizer.json beside the model (needed to encode prompts)", o->model);
+
+    std::vector<eval::Ids> prompt_ids, reference;
+    std::vector<std::vector<int64_t>> match(prompts.size(), std::vector<int64_t>(settings.size()));
+    eval::Progress bar("greedy decoding", int64_t(prompts.size() * (settings.size() + 1)) * o->tokens, !o->quiet);
+    for (const auto& p : prompts) {
+      eval::Ids ids = lm.tokenizer->encode(p, /*add_special_tokens=*/true);
+      if (ids.empty()) {
+        if (lm.bos_id < 0) fail("{}: an empty prompt and the model has no BOS token", o->prompts);
+        ids.push_back(lm.bos_id);
+      }
+      prompt_ids.push_back(ids);
+      reference.push_back(eval::greedy_continuation(lm, ids, o->tokens, CacheOptions{}));
+      bar.add(o->tokens);
+    }
+    std::vector<std::vector<eval::Ids>> outputs(settings.size());
+    for (size_t s = 0; s < settings.size(); ++s)
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        outputs[s].push_back(eval::greedy_continuation(lm, prompt_ids[i], o->tokens, settings[s]));
+        match[i][s] = eval::common_prefix(outputs[s].back(), reference[i]);
+        bar.add(o->tokens);
+      }
+    bar.finish();
+
+    eval::Table table;
+    table.header = {"prompt"};
+    for (const auto& s : settings) table.header.push_back(eval::short_label(s));
+    std::vector<double> mean(settings.size(), 0.0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::vector<std::string> cells = {prompts[i]};
+      for (size_t s = 0; s < settings.size(); ++s) {
+        const int64_t n = int64_t(reference[i].size());
+        cells.push_back(fmt::format("{}/{}", match[i][s], n));
+        mean[s] += n ? double(match[i][s]) / double(n) : 1.0;
+      }
+      table.rows.push_back(std::move(cells));
+    }
+    std::vector<std::string> last = {"mean"};
+    for (double& m : mean) {
+      m /= double(prompts.size());
+      last.push_back(fmt::format("{:.1f}%", 100 * m));
+    }
+    table.rows.push_back(last);
+
+    if (o->json) {
+      nlohmann::json j;
+      j["model"] = o->model;
+      j["tokens"] = o->tokens;
+      j["reference"] = "fp32 cache, unbounded";
+      j["prompts"] = nlohmann::json::array();
+      for (size_t i = 0; i < prompts.size(); ++i)
+        j["prompts"].push_back({{"prompt", prompts[i]}, {"prompt_ids", prompt_ids[i]}, {"fp32_ids", reference[i]}});
+      j["settings"] = nlohmann::json::array();
+      for (size_t s = 0; s < settings.size(); ++s) {
+        nlohmann::json e = {{"setting", describe(settings[s])}, {"label", eval::short_label(settings[s])}, {"mean_match_fraction", mean[s]}};
+        nlohmann::json per = nlohmann::json::array();
+        for (size_t i = 0; i < prompts.size(); ++i)
+          per.push_back({{"prefix_match", match[i][s]}, {"tokens", reference[i].size()}, {"ids", outputs[s][i]}});
+        e["per_prompt"] = per;
+        j["settings"].push_back(e);
+      }
+      fmt::print("{}\n", j.dump(2));
+    } else if (o->csv) {
+      fmt::print("{}", table.csv());
+    } else {
+      fmt::print("greedy prefix match against the fp32 cache, {} tokens per prompt\n\n", o->tokens);
+      fmt::print("{}", table.markdown());
+    }
+  });
+}
+
+}  // namespace ptllm::cli

@@ -1,0 +1,233 @@
+#include "eval/perplexity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/session.h"
+#include "io/mmap.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ptllm::eval {
+
+namespace {
+using clock = std::chrono::steady_clock;
+double since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+}  // namespace
+
+std::vector<Ids> read_ids_file(const std::string& path, int64_t vocab) {
+  std::ifstream f(path);
+  if (!f) fail("{}: cannot open the ids file", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: expected a JSON array of arrays of token ids ({})", path, e.what());
+  }
+  if (!j.is_array() || j.empty()) fail("{}: expected a non-empty JSON array of arrays of token ids", path);
+  std::vector<Ids> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& a = j[i];
+    if (!a.is_array() || a.empty()) fail("{}: entry {} is not a non-empty array of token ids", path, i);
+    Ids ids;
+    ids.reserve(a.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      const auto& v = a[k];
+      if (!v.is_number_integer()) fail("{}: entry {}[{}] is not an integer token id", path, i, k);
+      const int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= vocab)
+        fail("{}: entry {}[{}] = {} is outside the vocabulary (0..{})", path, i, k, id, vocab - 1);
+      ids.push_back(int32_t(id));
+    }
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+std::vector<Ids> tokenize_files(const std::vector<std::string>& files, const Tokenizer& tok, int32_t bos,
+                                int32_t eos) {
+  if (files.empty()) fail("no input files (give text files or --ids-file)");
+  std::vector<Ids> out;
+  for (const auto& path : files) {
+    const std::string text = read_text_file(path);  // throws naming the path
+    if (text.empty()) fail("{}: the file is empty (nothing to score)", path);
+    Ids ids;
+    if (bos >= 0) ids.push_back(bos);
+    const Ids body = tok.encode(text, /*add_special_tokens=*/false);
+    if (body.empty()) fail("{}: the file encodes to no tokens", path);
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (eos >= 0) ids.push_back(eos);
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+Ids concatenate(const std::vector<Ids>& streams) {
+  Ids out;
+  for (const auto& s : streams) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+std::vector<Ids> cut_windows(const std::vector<Ids>& streams, int64_t window, int64_t max_windows) {
+  if (window < 2) fail("--window {}: expected >= 2 (a window needs a token to predict from and one to predict)", window);
+  if (max_windows < 0) fail("--max-windows {}: expected >= 0 (0 = all)", max_windows);
+  std::vector<Ids> out;
+  for (const auto& s : streams) {
+    for (size_t off = 0; off + size_t(window) <= s.size(); off += size_t(window)) {
+      if (max_windows > 0 && int64_t(out.size()) >= max_windows) return out;
+      out.emplace_back(s.begin() + int64_t(off), s.begin() + int64_t(off) + window);
+    }
+  }
+  return out;
+}
+
+double Tally::ppl() const { return count ? std::exp(nll / double(count)) : std::numeric_limits<double>::quiet_NaN(); }
+
+int64_t Segments::index(int64_t pos) {
+  if (pos < 512) return 0;
+  int64_t idx = 1;
+  for (int64_t lo = 1024; pos >= lo; lo *= 2) ++idx;
+  return idx;
+}
+int64_t Segments::first(int64_t idx) { return idx == 0 ? 1 : int64_t(512) << (idx - 1); }
+int64_t Segments::last(int64_t idx) { return (int64_t(512) << idx) - 1; }
+std::string Segments::label(int64_t idx) { return fmt::format("{}–{}", first(idx), last(idx)); }
+
+double token_nll(const float* logits, int64_t vocab, int32_t target) {
+  if (target < 0 || target >= vocab) fail("token id {} is outside the vocabulary (0..{})", target, vocab - 1);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  if (!std::isfinite(mx)) fail("logits are not finite (max {}) while scoring token {}", mx, target);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - double(mx));
+  return std::log(sum) + double(mx) - double(logits[target]);
+}
+
+std::string_view path_name(Path p) { return p == Path::Full ? "full forward" : "through cache"; }
+
+namespace {
+
+// Records one prediction at stream position `pos`.
+void record(RunResult& r, int64_t pos, double nll) {
+  r.total.add(nll);
+  const auto seg = size_t(Segments::index(pos));
+  if (r.segments.size() <= seg) r.segments.resize(seg + 1);
+  r.segments[seg].add(nll);
+  const auto bin = size_t(pos / r.bin_size);
+  if (r.bins.size() <= bin) r.bins.resize(bin + 1);
+  r.bins[bin].add(nll);
+}
+
+void note_cache(RunResult& r, const KVCache& c) {
+  r.max_stored = std::max(r.max_stored, c.stored(0));
+  r.max_cache_bytes = std::max(r.max_cache_bytes, c.payload_bytes() + c.scale_bytes());
+}
+
+void check_ids(const Ids& ids, int64_t vocab) {
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab) fail("token id {} is outside the vocabulary (0..{})", id, vocab - 1);
+}
+
+}  // namespace
+
+RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheOptions& opts,
+                        const ProgressFn& progress, int64_t bin_size) {
+  if (windows.empty()) fail("no window to score (the input is shorter than one window)");
+  if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
+  const int64_t V = model.config().vocab_size;
+  RunResult r;
+  r.bin_size = bin_size;
+  const auto t0 = clock::now();
+  std::vector<float> logits;
+  for (const Ids& w : windows) {
+    const int64_t W = int64_t(w.size());
+    if (W < 2) fail("window of {} tokens: expected >= 2", W);
+    check_ids(w, V);
+    auto cache = make_cache(model.cache_shape(W), opts);
+    if (r.cache.empty()) r.cache = cache->describe();
+    if (path == Path::Full) {
+      // Batched prefill; a bounded cache may take fewer tokens per step than
+      // the window holds, so feed it what it has room for (as Session does).
+      for (int64_t off = 0; off < W - 1;) {
+        const int64_t chunk = std::min<int64_t>(W - 1 - off, std::max<int64_t>(cache->room(), 1));
+        logits.resize(size_t(chunk * V));
+        model.forward(w.data() + off, chunk, *cache, logits.data(), /*all_logits=*/true);
+        note_cache(r, *cache);
+        for (int64_t i = 0; i < chunk; ++i) record(r, off + i + 1, token_nll(logits.data() + i * V, V, w[size_t(off + i + 1)]));
+        r.tokens_fed += chunk;
+        if (progress) progress(chunk);
+        off += chunk;
+      }
+    } else {
+      logits.resize(size_t(V));
+      for (int64_t t = 0; t + 1 < W; ++t) {
+        model.forward(&w[size_t(t)], 1, *cache, logits.data(), /*all_logits=*/false);
+        note_cache(r, *cache);
+        record(r, t + 1, token_nll(logits.data(), V, w[size_t(t + 1)]));
+        ++r.tokens_fed;
+        if (progress) progress(1);
+      }
+    }
+  }
+  r.seconds = since(t0);
+  return r;
+}
+
+RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheOptions& opts,
+                        const ProgressFn& progress, int64_t bin_size) {
+  if (streams.empty()) fail("no stream to score");
+  if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
+  const int64_t V = model.config().vocab_size;
+  RunResult r;
+  r.bin_size = bin_size;
+  const auto t0 = clock::now();
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (const Ids& s : streams) {
+    const int64_t N = int64_t(s.size());
+    if (N < 2) fail("stream of {} tokens: expected >= 2", N);
+    check_ids(s, V);
+    // An unbounded cache must hold the whole stream; a bounded one sizes itself.
+    auto cache = make_cache(model.cache_shape(N), opts);
+    if (r.cache.empty()) r.cache = cache->describe();
+    for (int64_t t = 0; t + 1 < N; ++t) {
+      if (cache->room() < 1) fail("the cache ({}) is full after {} tokens", cache->describe(), t);
+      model.forward(&s[size_t(t)], 1, *cache, logits.data(), /*all_logits=*/false);
+      note_cache(r, *cache);
+      record(r, t + 1, token_nll(logits.data(), V, s[size_t(t + 1)]));
+      ++r.tokens_fed;
+      if (progress) progress(1);
+    }
+  }
+  r.seconds = since(t0);
+  return r;
+}
+
+Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheOptions& opts) {
+  const Model& m = *lm.model;
+  const int64_t need = int64_t(prompt.size()) + n;
+  auto cache = make_cache(m.cache_shape(std::min<int64_t>(need, m.config().max_position)), opts);
+  Session session(lm, std::move(cache));
+  GenerateOptions go;
+  go.max_new_tokens = n;
+  go.ignore_eos = true;
+  go.sampler.temperature = 0;  // greedy
+  Ids out;
+  session.generate(prompt, go, [&](int32_t id) {
+    out.push_back(id);
+    return true;
+  });
+  return out;
+}
+
+int64_t common_prefix(const Ids& a, const Ids& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return int64_t(i);
+}
+
+}  // namespace ptllm::eval
