@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
+# Parallel tests on few cores: OpenMP workers sleep rather than spin.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 [ -f "$BUILD_DIR/build.ninja" ] || ./scripts/setup.sh
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"

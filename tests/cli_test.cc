@@ -18,8 +18,9 @@ struct Result {
   std::string out;  // stdout + stderr
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args + " 2>&1";
+// Runs the CLI; stderr is merged into the captured output unless stdout_only.
+Result run(const std::string& args, bool stdout_only = false) {
+  const std::string cmd = std::string(PTLLM_CLI) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -47,7 +48,7 @@ TEST(Cli, SampleGreedyStories) {
 }
 
 TEST(Cli, SampleJsonHasDocumentedKeys) {
-  Result r = run("sample " + kStories + " --prompt 'Once upon a time' --tokens 5 --seed 3 --json 2>/dev/null");
+  Result r = run("sample " + kStories + " --prompt 'Once upon a time' --tokens 5 --seed 3 --json", true);
   ASSERT_EQ(r.status, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   for (const char* k : {"prompt_ids", "generated_ids", "text", "stats"}) EXPECT_TRUE(j.contains(k)) << k;
@@ -56,8 +57,8 @@ TEST(Cli, SampleJsonHasDocumentedKeys) {
 }
 
 TEST(Cli, SameSeedSameText) {
-  const std::string a = "sample " + kStories + " --prompt 'Once upon a time' --tokens 30 --temperature 1 --seed 7 --json 2>/dev/null";
-  Result r1 = run(a), r2 = run(a);
+  const std::string a = "sample " + kStories + " --prompt 'Once upon a time' --tokens 30 --temperature 1 --seed 7 --json";
+  Result r1 = run(a, true), r2 = run(a, true);
   ASSERT_EQ(r1.status, 0);
   EXPECT_EQ(nlohmann::json::parse(r1.out)["generated_ids"], nlohmann::json::parse(r2.out)["generated_ids"]);
 }

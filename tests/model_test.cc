@@ -56,7 +56,7 @@ TEST_P(HfFixture, GreedyDecodeThroughCacheMatchesTransformers) {
   ASSERT_EQ(expect.size(), margin.size());
   const int64_t V = model->config().vocab_size;
   auto cache = make_default_cache(*model, int64_t(prompt.size() + expect.size()));
-  std::vector<float> logits(size_t(V));
+  std::vector<float> logits(static_cast<size_t>(V));
   model->forward(prompt.data(), int64_t(prompt.size()), *cache, logits.data(), false);
   int checked = 0;
   for (size_t i = 0; i < expect.size(); ++i) {
