@@ -8,6 +8,7 @@ void add_sample_command(CLI::App& root);
 void add_cache_table_command(CLI::App& root);
 void add_logits_command(CLI::App& root);
 void add_tokenize_command(CLI::App& root);
+void add_convert_command(CLI::App& root);
 void add_bench_command(CLI::App& root);
 void add_perplexity_command(CLI::App& root);
 void add_compare_command(CLI::App& root);

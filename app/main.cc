@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   ptllm::cli::add_cache_table_command(app);
   ptllm::cli::add_logits_command(app);
   ptllm::cli::add_tokenize_command(app);
+  ptllm::cli::add_convert_command(app);
   ptllm::cli::add_bench_command(app);
   ptllm::cli::add_perplexity_command(app);
   ptllm::cli::add_compare_command(app);
