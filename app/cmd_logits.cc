@@ -17,7 +17,7 @@ void add_logits_command(CLI::App& root) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = root.add_subcommand("logits", "Write full-forward logits [T, vocab] for token ids");
-  cmd->add_option("model", o->model, "Model folder")->required();
+  cmd->add_option("model", o->model, "Model folder or .tinygpt file")->required();
   cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", o->out, "Output .safetensors file (tensor \"logits\", f32)")->required();
   add_threads_flag(cmd, o->threads);

@@ -76,7 +76,7 @@ void add_sample_command(CLI::App& root) {
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = root.add_subcommand("sample", "Generate text from a prompt");
-  cmd->add_option("model", o->model, "Model folder (default: the bundled flagship-27m)");
+  cmd->add_option("model", o->model, "Model folder or .tinygpt file (default: the bundled models/flagship-27m.tinygpt)");
   cmd->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
   cmd->add_option("--tokens,-n", o->tokens, "Tokens to generate (default 128)");
   cmd->add_option("--temperature,-t", o->temperature, "Sampling temperature; 0 = greedy (default 0.8)");

@@ -19,10 +19,10 @@ std::string default_model_path() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
-    fs::path cand = dir / "models" / "flagship-27m";
-    if (fs::is_directory(cand, ec)) return cand.string();
+    fs::path cand = dir / "models" / "flagship-27m.tinygpt";
+    if (fs::is_regular_file(cand, ec)) return cand.string();
   }
-  return "models/flagship-27m";
+  return "models/flagship-27m.tinygpt";
 }
 
 LoadedModel load_model(const std::string& path) {

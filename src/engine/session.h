@@ -22,7 +22,7 @@ struct LoadedModel {
   int32_t bos_id = -1;
 };
 LoadedModel load_model(const std::string& path);
-// The bundled default model (models/flagship-27m beside the executable's repo, or $PTLLM_MODEL).
+// The bundled default model (models/flagship-27m.tinygpt in the repo the executable was built in, or $PTLLM_MODEL).
 std::string default_model_path();
 
 enum class StopReason { Eos, Length, Context, Interrupted };
