@@ -196,6 +196,38 @@ TEST(Elementwise, SimdSiluSoftmaxAxpyMatchScalar) {
   }
 }
 
+// Attention primitives against the scalar reference (per-key dot_f32 / axpy),
+// head sizes with and without a SIMD path, lengths around the 16-key blocks.
+// Tolerance: 1e-5 of the sum of |terms| (different summation order).
+TEST(Attention, DotRowsAndWeightedSumMatchScalar) {
+  SimdGuard g;
+  for (int hd : {8, 16, 32, 64, 48, 128}) {
+    for (int len : {1, 15, 16, 17, 40, 300}) {
+      auto q = randn(size_t(hd), 41), k = randn(size_t(len * hd), 42), v = randn(size_t(len * hd), 43);
+      auto p = randn(size_t(len), 44);
+      for (int t = 2; t < len; t += 3) p[size_t(t)] = 0.f;  // masked keys
+      std::vector<float> s_ref(static_cast<size_t>(len)), s_got(static_cast<size_t>(len));
+      auto o_ref = randn(size_t(hd), 45), o_got = o_ref;
+      ops::set_simd_level(ops::SimdLevel::Scalar);
+      ops::dot_rows(q.data(), k.data(), len, hd, 0.25f, s_ref.data());
+      ops::weighted_sum_rows(p.data(), v.data(), len, hd, o_ref.data());
+      ops::set_simd_level(ops::best_simd_level());
+      ops::dot_rows(q.data(), k.data(), len, hd, 0.25f, s_got.data());
+      ops::weighted_sum_rows(p.data(), v.data(), len, hd, o_got.data());
+      for (int t = 0; t < len; ++t) {
+        double mag = 0;
+        for (int c = 0; c < hd; ++c) mag += std::fabs(double(q[size_t(c)]) * k[size_t(t * hd + c)]) * 0.25;
+        ASSERT_NEAR(s_got[size_t(t)], s_ref[size_t(t)], 1e-5 * mag) << "hd=" << hd << " len=" << len << " t=" << t;
+      }
+      for (int c = 0; c < hd; ++c) {
+        double mag = 1;
+        for (int t = 0; t < len; ++t) mag += std::fabs(double(p[size_t(t)]) * v[size_t(t * hd + c)]);
+        ASSERT_NEAR(o_got[size_t(c)], o_ref[size_t(c)], 1e-5 * mag) << "hd=" << hd << " len=" << len << " c=" << c;
+      }
+    }
+  }
+}
+
 TEST(Softmax, AllMaskedStaysLikeScalar) {
   SimdGuard g;
   std::vector<float> x(20, -INFINITY), y = x;

@@ -261,6 +261,14 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void dot_rows_scalar(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores) {
+  for (int64_t t = 0; t < len; ++t) scores[t] = dot_f32(q, k + t * hd, hd) * scale;
+}
+void weighted_sum_rows_scalar(const float* p, const float* v, int64_t len, int64_t hd, float* out) {
+  for (int64_t t = 0; t < len; ++t)
+    if (p[t] != 0.f) axpy_scalar(p[t], v + t * hd, out, hd);
+}
+
 // ---------- AVX-512 kernels for matmul, exp, softmax, silu, axpy ----------
 #pragma GCC push_options
 #pragma GCC target("avx512f,fma,f16c")
@@ -478,6 +486,88 @@ void axpy_avx512(float a, const float* x, float* y, int64_t n) {
   }
 }
 
+// Lane j of the result = sum of the 16 lanes of a[j] (a transpose-and-add
+// tree: 45 shuffles/adds instead of 16 separate horizontal reductions).
+inline __m512 hsum16x16(__m512* a) {
+  __m512 w[8];
+  for (int j = 0; j < 8; ++j)
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  __m512 x[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512d l = _mm512_castps_pd(w[2 * j]), r = _mm512_castps_pd(w[2 * j + 1]);
+    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(l, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(l, r)));
+  }
+  // x[g]: 128-bit lane L holds keys 4g..4g+3's partial sums over columns of lane L.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// hd = 16 * NC: 16 keys per step, their sums reduced together.
+template <int NC>
+void dot_rows_avx512(const float* q, const float* k, int64_t len, float scale, float* scores) {
+  constexpr int64_t hd = 16 * NC;
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  int64_t t = 0;
+  for (; t + 16 <= len; t += 16) {
+    __m512 acc[16];
+    const float* kt = k + t * hd;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      acc[j] = _mm512_mul_ps(_mm512_loadu_ps(kt + j * hd), qv[0]);
+#pragma GCC unroll 8
+      for (int c = 1; c < NC; ++c) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(kt + j * hd + 16 * c), qv[c], acc[j]);
+    }
+    _mm512_storeu_ps(scores + t, _mm512_mul_ps(hsum16x16(acc), sc));
+  }
+  for (; t < len; ++t) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(k + t * hd + 16 * c), qv[c], a);
+    scores[t] = _mm512_reduce_add_ps(a) * scale;
+  }
+}
+
+// hd = 16 * NC <= 128: the output row stays in registers, in S independent
+// partial sums (keys t, t+1, ... round-robin) so the FMA latency overlaps.
+template <int NC>
+void weighted_sum_rows_avx512(const float* p, const float* v, int64_t len, float* out) {
+  constexpr int64_t hd = 16 * NC;
+  constexpr int S = NC <= 2 ? 4 : NC <= 4 ? 2 : 1;
+  __m512 acc[S][NC];
+  for (int c = 0; c < NC; ++c) acc[0][c] = _mm512_loadu_ps(out + 16 * c);
+  for (int r = 1; r < S; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t t = 0;
+  for (; t + S <= len; t += S) {
+#pragma GCC unroll 4
+    for (int r = 0; r < S; ++r) {
+      // Masked keys have p == 0: skipped like the scalar reference (also keeps
+      // a non-finite stale value out of the sum).
+      const __m512 pt = _mm512_set1_ps(p[t + r]);
+      const __mmask16 live = p[t + r] != 0.f ? __mmask16(0xffff) : __mmask16(0);
+      const float* vt = v + (t + r) * hd;
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c)
+        acc[r][c] = _mm512_mask3_fmadd_ps(pt, _mm512_maskz_loadu_ps(live, vt + 16 * c), acc[r][c], live);
+    }
+  }
+  for (; t < len; ++t) {
+    if (p[t] == 0.f) continue;
+    const __m512 pt = _mm512_set1_ps(p[t]);
+    for (int c = 0; c < NC; ++c) acc[0][c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * hd + 16 * c), acc[0][c]);
+  }
+  for (int c = 0; c < NC; ++c) {
+    __m512 a = acc[0][c];
+    for (int r = 1; r < S; ++r) a = _mm512_add_ps(a, acc[r][c]);
+    _mm512_storeu_ps(out + 16 * c, a);
+  }
+}
+
 #pragma GCC pop_options
 
 bool fast_matmul(const TensorView& w) {
@@ -637,6 +727,32 @@ void silu_mul(float* gate, const float* up, int64_t n) {
 void softmax(float* x, int64_t n) {
   if (g_level == SimdLevel::Avx512) softmax_avx512(x, n);
   else softmax_scalar(x, n);
+}
+
+void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores) {
+  if (g_level == SimdLevel::Avx512) {
+    switch (hd) {
+      case 16: return dot_rows_avx512<1>(q, k, len, scale, scores);
+      case 32: return dot_rows_avx512<2>(q, k, len, scale, scores);
+      case 64: return dot_rows_avx512<4>(q, k, len, scale, scores);
+      case 128: return dot_rows_avx512<8>(q, k, len, scale, scores);
+      default: break;
+    }
+  }
+  dot_rows_scalar(q, k, len, hd, scale, scores);
+}
+
+void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, float* out) {
+  if (g_level == SimdLevel::Avx512) {
+    switch (hd) {
+      case 16: return weighted_sum_rows_avx512<1>(p, v, len, out);
+      case 32: return weighted_sum_rows_avx512<2>(p, v, len, out);
+      case 64: return weighted_sum_rows_avx512<4>(p, v, len, out);
+      case 128: return weighted_sum_rows_avx512<8>(p, v, len, out);
+      default: break;
+    }
+  }
+  weighted_sum_rows_scalar(p, v, len, hd, out);
 }
 
 void axpy(float a, const float* x, float* y, int64_t n) {

@@ -47,6 +47,12 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
 void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
                    float* up);
 
+// Attention building blocks over fp32 rows [len, hd] (one K or V head):
+// scores[t] = scale * (q · k[t, :])
+void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores);
+// out[:] += sum_t p[t] * v[t, :], rows with p[t] == 0 skipped (masked keys).
+void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, float* out);
+
 // out = x / rms(x) * weight, over `dim` elements, for n rows.
 void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out);
 // gate[i] = silu(gate[i]) * up[i]

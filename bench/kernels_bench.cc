@@ -1,0 +1,261 @@
+// Micro-benchmarks of the hot kernels of a decode step and of the machine's
+// memory bandwidth (the physical floor a memory-bound decode is measured against).
+//
+//   build-perf/bench/kernels_bench --benchmark_filter=Matvec
+//
+// Shapes are flagship-27m's: hidden 256, ffn 768, vocab 32000, 8 heads x 32.
+// "bytes_per_second" is weight (or cache) bytes read per second.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "kv/cache_options.h"
+#include "ops/ops.h"
+
+namespace {
+
+using namespace ptllm;
+
+std::vector<float> randn(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// A weight matrix [out, in] stored as `dtype`.
+struct Weights {
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  TensorView view;
+  Weights(DType dtype, int64_t out, int64_t in) : f32(randn(size_t(out * in), 7)) {
+    const void* data = f32.data();
+    if (dtype != DType::F32) {
+      u16.resize(f32.size());
+      for (size_t i = 0; i < f32.size(); ++i) u16[i] = dtype == DType::BF16 ? f32_to_bf16(f32[i]) : f32_to_f16(f32[i]);
+      data = u16.data();
+      std::vector<float>().swap(f32);
+    }
+    view = TensorView{static_cast<const std::byte*>(data), dtype, {out, in}};
+  }
+};
+
+// Args: out rows, in, threads.
+template <DType D>
+void BM_Matvec(benchmark::State& st) {
+  const int64_t out = st.range(0), in = st.range(1);
+  ops::set_num_threads(int(st.range(2)));
+  Weights w(D, out, in);
+  auto x = randn(size_t(in), 1);
+  std::vector<float> y(static_cast<size_t>(out));
+  for (auto _ : st) {
+    ops::matmul(w.view, x.data(), 1, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(w.view.nbytes()));
+}
+void MatvecArgs(benchmark::internal::Benchmark* b) {
+  for (int t : {1, 2})
+    for (auto [o, i] : {std::pair{256, 256}, {768, 256}, {256, 768}, {32000, 256}}) b->Args({o, i, t});
+  b->ArgNames({"out", "in", "threads"})->UseRealTime();
+}
+BENCHMARK(BM_Matvec<DType::F32>)->Apply(MatvecArgs);
+BENCHMARK(BM_Matvec<DType::BF16>)->Apply(MatvecArgs);
+BENCHMARK(BM_Matvec<DType::F16>)->Apply(MatvecArgs);
+
+// Prefill-shaped matmul: Args out, in, tokens, threads. Reports GFLOP/s.
+template <DType D>
+void BM_Matmul(benchmark::State& st) {
+  const int64_t out = st.range(0), in = st.range(1), n = st.range(2);
+  ops::set_num_threads(int(st.range(3)));
+  Weights w(D, out, in);
+  auto x = randn(size_t(n * in), 1);
+  std::vector<float> y(size_t(n * out));
+  for (auto _ : st) {
+    ops::matmul(w.view, x.data(), n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOPs"] = benchmark::Counter(double(st.iterations()) * 2.0 * double(out * in * n) / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+void MatmulArgs(benchmark::internal::Benchmark* b) {
+  for (int t : {1, 2})
+    for (auto [o, i] : {std::pair{256, 256}, {768, 256}, {256, 768}}) b->Args({o, i, 512, t});
+  b->ArgNames({"out", "in", "tokens", "threads"})->UseRealTime();
+}
+BENCHMARK(BM_Matmul<DType::F32>)->Apply(MatmulArgs);
+BENCHMARK(BM_Matmul<DType::BF16>)->Apply(MatmulArgs);
+BENCHMARK(BM_Matmul<DType::F16>)->Apply(MatmulArgs);
+
+// One decode step's attention for one layer (8 heads x 32, flagship) over T
+// stored tokens. Args: T, storage (KVStorage index), rope mode (0 reposition,
+// 1 absolute). bytes_per_second counts the cache bytes (payload + scales).
+void BM_Attention(benchmark::State& st) {
+  const int64_t T = st.range(0);
+  CacheOptions o;
+  o.storage = KVStorage(st.range(1));
+  o.rope_mode = st.range(2) ? RopeMode::Absolute : RopeMode::Reposition;
+  ops::set_num_threads(1);
+  KVCacheShape s;
+  s.n_layers = 1;
+  s.n_heads = s.n_kv_heads = 8;
+  s.head_dim = 32;
+  s.capacity = T;
+  auto cache = make_cache(s, o);
+  const int64_t D = s.n_kv_heads * s.head_dim;
+  // Fill in chunks (the way prefill does), then append the query's own token.
+  for (int64_t done = 0; done < T - 1;) {
+    const int64_t n = std::min<int64_t>(512, T - 1 - done);
+    auto k = randn(size_t(n * D), uint64_t(done) + 1), v = randn(size_t(n * D), uint64_t(done) + 2);
+    cache->append(0, k.data(), v.data(), n);
+    cache->advance(n);
+    done += n;
+  }
+  auto k = randn(size_t(D), 90), v = randn(size_t(D), 91), q = randn(size_t(D), 92);
+  cache->append(0, k.data(), v.data(), 1);
+  std::vector<float> out(static_cast<size_t>(D));
+  for (auto _ : st) {
+    cache->attend(0, q.data(), 1, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(cache->payload_bytes() + cache->scale_bytes()));
+  st.SetLabel(std::string(storage_name(o.storage)) + (st.range(2) ? " absolute" : " reposition"));
+}
+BENCHMARK(BM_Attention)
+    ->ArgsProduct({{256, 1024, 4096, 8192}, {int(KVStorage::F32), int(KVStorage::F16), int(KVStorage::Int8),
+                                             int(KVStorage::Int4)}, {0, 1}})
+    ->ArgNames({"T", "storage", "absolute"});
+
+// One head's softmax attention over T fp32 rows (hd 32): per-key dot_f32/axpy
+// calls (Arg 1 = 0) against the blocked dot_rows/weighted_sum_rows (Arg 1 = 1).
+void BM_AttendHead(benchmark::State& st) {
+  const int64_t T = st.range(0), hd = 32;
+  const bool blocked = st.range(1) != 0;
+  auto q = randn(size_t(hd), 1), k = randn(size_t(T * hd), 2), v = randn(size_t(T * hd), 3);
+  std::vector<float> scores(static_cast<size_t>(T)), out(static_cast<size_t>(hd));
+  const float scale = 1.f / std::sqrt(float(hd));
+  for (auto _ : st) {
+    std::fill(out.begin(), out.end(), 0.f);
+    if (blocked) {
+      ops::dot_rows(q.data(), k.data(), T, hd, scale, scores.data());
+    } else {
+      for (int64_t t = 0; t < T; ++t) scores[size_t(t)] = ops::dot_f32(q.data(), k.data() + t * hd, hd) * scale;
+    }
+    ops::softmax(scores.data(), T);
+    if (blocked) {
+      ops::weighted_sum_rows(scores.data(), v.data(), T, hd, out.data());
+    } else {
+      for (int64_t t = 0; t < T; ++t) ops::axpy(scores[size_t(t)], v.data() + t * hd, out.data(), hd);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * T);
+}
+BENCHMARK(BM_AttendHead)->ArgsProduct({{256, 1024, 4096, 8192}, {0, 1}})->ArgNames({"T", "blocked"});
+
+void BM_SiluMul(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto g = randn(size_t(n), 1), u = randn(size_t(n), 2), w = g;
+  for (auto _ : st) {
+    std::memcpy(w.data(), g.data(), size_t(n) * 4);
+    ops::silu_mul(w.data(), u.data(), n);
+    benchmark::DoNotOptimize(w.data());
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * n);
+}
+BENCHMARK(BM_SiluMul)->Arg(768)->Arg(768 * 512);
+
+void BM_Softmax(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto x = randn(size_t(n), 1), w = x;
+  for (auto _ : st) {
+    std::memcpy(w.data(), x.data(), size_t(n) * 4);
+    ops::softmax(w.data(), n);
+    benchmark::DoNotOptimize(w.data());
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * n);
+}
+BENCHMARK(BM_Softmax)->Arg(256)->Arg(4096);
+
+// ---------- memory bandwidth ----------
+// Buffers of 53 MB (flagship's weights: fits the last-level cache) and
+// 512 MiB (does not). Args: bytes, threads.
+std::vector<float>& buffer(size_t bytes, int which) {
+  static std::vector<float> bufs[2];
+  auto& b = bufs[which];
+  if (b.size() * 4 != bytes) {
+    b.assign(bytes / 4, 1.0f);
+  }
+  return b;
+}
+
+__attribute__((target("avx512f"))) float read_sum(const float* p, size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+void BM_ReadBandwidth(benchmark::State& st) {
+  const size_t bytes = size_t(st.range(0));
+  const int threads = int(st.range(1));
+  auto& b = buffer(bytes, 0);
+  const size_t n = b.size();
+  for (auto _ : st) {
+    float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const size_t lo = n * size_t(t) / size_t(nt), hi = n * size_t(t + 1) / size_t(nt);
+      total += read_sum(b.data() + lo, hi - lo);
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(bytes));
+}
+BENCHMARK(BM_ReadBandwidth)
+    ->ArgsProduct({{53 << 20, 512 << 20}, {1, 2}})
+    ->ArgNames({"bytes", "threads"})
+    ->UseRealTime();
+
+// memcpy: bytes_per_second counts the bytes copied (each is read once and written once).
+void BM_CopyBandwidth(benchmark::State& st) {
+  const size_t bytes = size_t(st.range(0));
+  const int threads = int(st.range(1));
+  auto& src = buffer(bytes, 0);
+  auto& dst = buffer(bytes, 1);
+  for (auto _ : st) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const size_t lo = bytes * size_t(t) / size_t(nt) / 64 * 64, hi = bytes * size_t(t + 1) / size_t(nt) / 64 * 64;
+      std::memcpy(reinterpret_cast<char*>(dst.data()) + lo, reinterpret_cast<const char*>(src.data()) + lo, hi - lo);
+    }
+    benchmark::DoNotOptimize(dst.data());
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(bytes));
+}
+BENCHMARK(BM_CopyBandwidth)
+    ->ArgsProduct({{53 << 20, 512 << 20}, {1, 2}})
+    ->ArgNames({"bytes", "threads"})
+    ->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
