@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "app/cache_flags.h"
 #include "app/commands.h"
 #include "app/common.h"
 #include "core/error.h"
@@ -69,6 +70,7 @@ void add_bench_command(CLI::App& root) {
   cmd->add_flag("--no-warmup", o->no_warmup, "Skip the untimed warm-up repetition");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   add_threads_flag(cmd, o->threads);
+  add_cache_flags(cmd, o->cache);
   cmd->callback([o] {
     if (o->prompt_tokens < 0) fail("--prompt-tokens {}: expected >= 0", o->prompt_tokens);
     if (o->gen_tokens < 0) fail("--gen-tokens {}: expected >= 0", o->gen_tokens);
@@ -129,6 +131,17 @@ void add_bench_command(CLI::App& root) {
       }
     }
     const Stat pp = stats(pp_tps), tg = stats(tg_tps);
+    // Bytes one decode step reads: every weight except the embedding table
+    // (one row of it), unless the table doubles as the (tied) output head.
+    size_t step_weight_bytes = model.weight_bytes();
+    const auto& store = model.tensors();
+    if (store.has("model.embed_tokens.weight") && store.has("lm_head.weight") && !cfg.tie_embeddings) {
+      const TensorView& e = store.get("model.embed_tokens.weight");
+      step_weight_bytes -= e.nbytes() - storage_bytes(e.dtype, size_t(e.cols()));
+    }
+    // The last decode step read the whole cache (K and V of every layer).
+    const double step_bytes = double(step_weight_bytes + cache_bytes);
+    const double achieved_gbs = step_bytes * tg.mean / 1e9;
     const int threads = ops::num_threads();
     const std::string simd(ops::simd_level_name(ops::simd_level()));
     if (o->json) {
@@ -145,7 +158,10 @@ void add_bench_command(CLI::App& root) {
       if (o->gen_tokens > 0)
         j["decode"] = {{"tokens", o->gen_tokens}, {"depth", o->depth},     {"tps_mean", tg.mean},
                        {"tps_sd", tg.sd},         {"tps", tg_tps},         {"cache_bytes_at_end", cache_bytes},
-                       {"cache_desc", cache_desc}};
+                       {"cache_desc", cache_desc},
+                       {"weight_bytes_per_token", step_weight_bytes},
+                       {"cache_bytes_per_token", cache_bytes},
+                       {"achieved_read_gb_per_s", achieved_gbs}};
       fmt::print("{}\n", j.dump(2));
       return;
     }
@@ -158,6 +174,9 @@ void add_bench_command(CLI::App& root) {
           o->depth > 0 ? fmt::format("tg{} @ d{}", o->gen_tokens, o->depth) : fmt::format("tg{}", o->gen_tokens);
       fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} |\n", name, tg.mean, tg.sd);
     }
+    if (o->gen_tokens > 0)
+      fmt::print("decode reads {:.1f} MB of weights + {:.2f} MB of cache per token (at the end) → {:.1f} GB/s achieved\n",
+                 double(step_weight_bytes) / 1e6, double(cache_bytes) / 1e6, achieved_gbs);
     fmt::print("peak RSS {:.1f} MiB\n", peak_rss_mib());
     if (capacity > cfg.max_position)
       fmt::print("note: {} stored tokens exceeds the model's context of {} (speed only; outputs are not meaningful)\n",
