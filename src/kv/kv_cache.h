@@ -45,7 +45,10 @@ class KVCache {
   virtual void advance(int64_t n) { position_ += n; }
   // Tokens currently held by `layer`.
   virtual int64_t stored(int64_t layer) const = 0;
-  // How many more tokens can be appended in one step; a bounded (evicting) cache returns a large number.
+  // How many more tokens can be appended in one step. A bounded (evicting)
+  // cache returns its free slots but at least 1: once full it takes one token
+  // per step and evicts to make room (a chunk must not evict tokens that
+  // earlier queries of the same chunk still attend to).
   virtual int64_t room() const = 0;
   virtual bool bounded() const { return false; }
   // Bytes held for K/V payload and for quantisation scales/zeros.

@@ -123,12 +123,7 @@ void KiviKeyStore::append(const float* x, int64_t n) {
   for (int64_t h = 0; h < n_heads_; ++h) {
     uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
     std::vector<uint8_t> umin(static_cast<size_t>(hd), 255), umax(static_cast<size_t>(hd), 0);
-    for (int64_t t = 0; t < old; ++t)
-      for (int64_t c = 0; c < hd; ++c) {
-        const uint8_t u = kivi::code_at(base + size_t(t) * row_, c, r_);
-        umin[size_t(c)] = std::min(umin[size_t(c)], u);
-        umax[size_t(c)] = std::max(umax[size_t(c)], u);
-      }
+    kivi::code_range(base, old, row_, hd, r_, umin.data(), umax.data());
     std::vector<kivi::WideParams> w(static_cast<size_t>(hd));
     for (int64_t c = 0; c < hd; ++c) {
       kivi::AffineParams& p = params_[size_t(h * hd + c)];

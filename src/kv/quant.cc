@@ -78,32 +78,42 @@ void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r) {
   b = (i & 1) ? uint8_t((b & 0x0f) | ((u & 0x0f) << 4)) : uint8_t((b & 0xf0) | (u & 0x0f));
 }
 
-void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* scale, const float* zero, float* out) {
-  if (r.bits == 8) {
-    for (int64_t i = 0; i < n; ++i) out[i] = float(row[i]) * scale[i] + zero[i];
-    return;
+// Codes of one row as bytes: int4 is unpacked first so the conversion loops
+// below are plain, vectorisable byte -> float arithmetic.
+static inline const uint8_t* unpacked(const uint8_t* row, int64_t n, QuantRange r, uint8_t* tmp) {
+  if (r.bits == 8) return row;
+  for (int64_t j = 0; j < n / 2; ++j) {
+    tmp[2 * j] = row[j] & 0x0f;
+    tmp[2 * j + 1] = row[j] >> 4;
   }
-  int64_t i = 0;
-  for (; i + 1 < n; i += 2) {
-    const uint8_t b = row[i / 2];
-    out[i] = float(b & 0x0f) * scale[i] + zero[i];
-    out[i + 1] = float(b >> 4) * scale[i + 1] + zero[i + 1];
-  }
-  if (i < n) out[i] = float(row[i / 2] & 0x0f) * scale[i] + zero[i];
+  if (n & 1) tmp[n - 1] = row[n / 2] & 0x0f;
+  return tmp;
 }
 
-void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const WideParams& w, float* out) {
-  if (r.bits == 8) {
-    for (int64_t i = 0; i < n; ++i) out[i] = float(row[i]) * w.scale + w.zero;
-    return;
+void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* __restrict scale,
+                    const float* __restrict zero, float* __restrict out) {
+  uint8_t tmp[1024];
+  const uint8_t* __restrict u = unpacked(row, n, r, tmp);
+  for (int64_t i = 0; i < n; ++i) out[i] = float(u[i]) * scale[i] + zero[i];
+}
+
+void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const WideParams& w, float* __restrict out) {
+  uint8_t tmp[1024];
+  const uint8_t* __restrict u = unpacked(row, n, r, tmp);
+  const float s = w.scale, z = w.zero;
+  for (int64_t i = 0; i < n; ++i) out[i] = float(u[i]) * s + z;
+}
+
+void code_range(const uint8_t* rows, int64_t n_rows, size_t stride, int64_t n, QuantRange r, uint8_t* umin,
+                uint8_t* umax) {
+  uint8_t tmp[1024];
+  for (int64_t t = 0; t < n_rows; ++t) {
+    const uint8_t* __restrict u = unpacked(rows + size_t(t) * stride, n, r, tmp);
+    for (int64_t c = 0; c < n; ++c) {
+      umin[c] = u[c] < umin[c] ? u[c] : umin[c];
+      umax[c] = u[c] > umax[c] ? u[c] : umax[c];
+    }
   }
-  int64_t i = 0;
-  for (; i + 1 < n; i += 2) {
-    const uint8_t b = row[i / 2];
-    out[i] = float(b & 0x0f) * w.scale + w.zero;
-    out[i + 1] = float(b >> 4) * w.scale + w.zero;
-  }
-  if (i < n) out[i] = float(row[i / 2] & 0x0f) * w.scale + w.zero;
 }
 
 }  // namespace ptllm::kivi

@@ -90,4 +90,8 @@ void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r);
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* scale, const float* zero, float* out);
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const WideParams& per_token, float* out);
 
+// Per-element min/max code over n_rows packed rows (stride bytes apart); umin/umax are updated in place.
+void code_range(const uint8_t* rows, int64_t n_rows, size_t stride, int64_t n, QuantRange r, uint8_t* umin,
+                uint8_t* umax);
+
 }  // namespace ptllm::kivi
