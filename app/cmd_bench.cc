@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -41,6 +42,13 @@ Stat stats(const std::vector<double>& v) {
     s.sd = std::sqrt(ss / double(v.size() - 1));
   }
   return s;
+}
+
+// CPU seconds used by the whole process (all threads).
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 double peak_rss_mib() {
@@ -97,7 +105,9 @@ void add_bench_command(CLI::App& root) {
     using clock = std::chrono::steady_clock;
     auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
 
-    std::vector<double> pp_tps, tg_tps;
+    // Tokens per CPU-second beside tokens per wall-second: on a shared machine
+    // a single-threaded run's CPU rate is what an idle core would give.
+    std::vector<double> pp_tps, tg_tps, pp_cpu, tg_cpu;
     std::string cache_desc;
     size_t cache_bytes = 0;
     const int64_t runs = o->repeat + (o->no_warmup ? 0 : 1);
@@ -106,13 +116,17 @@ void add_bench_command(CLI::App& root) {
       if (o->prompt_tokens > 0) {
         auto cache = make_cache(model.cache_shape(capacity), o->cache);
         auto t0 = clock::now();
+        const double c0 = process_cpu_seconds();
         for (int64_t off = 0; off < o->prompt_tokens;) {
           const int64_t chunk = std::min(o->prompt_tokens - off, std::max<int64_t>(cache->room(), 1));
           model.forward(ids.data() + off, chunk, *cache, logits.data(), false);
           off += chunk;
         }
-        const double s = secs(t0, clock::now());
-        if (timed) pp_tps.push_back(double(o->prompt_tokens) / s);
+        const double s = secs(t0, clock::now()), cs = process_cpu_seconds() - c0;
+        if (timed) {
+          pp_tps.push_back(double(o->prompt_tokens) / s);
+          pp_cpu.push_back(double(o->prompt_tokens) / cs);
+        }
       }
       if (o->gen_tokens > 0) {
         auto cache = make_cache(model.cache_shape(capacity), o->cache);
@@ -122,15 +136,19 @@ void add_bench_command(CLI::App& root) {
           off += chunk;
         }
         auto t0 = clock::now();
+        const double c0 = process_cpu_seconds();
         for (int64_t i = 0; i < o->gen_tokens; ++i)
           model.forward(&ids[size_t(o->depth + i)], 1, *cache, logits.data(), false);
-        const double s = secs(t0, clock::now());
-        if (timed) tg_tps.push_back(double(o->gen_tokens) / s);
+        const double s = secs(t0, clock::now()), cs = process_cpu_seconds() - c0;
+        if (timed) {
+          tg_tps.push_back(double(o->gen_tokens) / s);
+          tg_cpu.push_back(double(o->gen_tokens) / cs);
+        }
         cache_desc = cache->describe();
         cache_bytes = cache->payload_bytes() + cache->scale_bytes();
       }
     }
-    const Stat pp = stats(pp_tps), tg = stats(tg_tps);
+    const Stat pp = stats(pp_tps), tg = stats(tg_tps), ppc = stats(pp_cpu), tgc = stats(tg_cpu);
     // Bytes one decode step reads: every weight except the embedding table
     // (one row of it), unless the table doubles as the (tied) output head.
     size_t step_weight_bytes = model.weight_bytes();
@@ -154,10 +172,12 @@ void add_bench_command(CLI::App& root) {
       j["cache"] = describe(o->cache);
       j["peak_rss_mib"] = peak_rss_mib();
       if (o->prompt_tokens > 0)
-        j["prefill"] = {{"tokens", o->prompt_tokens}, {"tps_mean", pp.mean}, {"tps_sd", pp.sd}, {"tps", pp_tps}};
+        j["prefill"] = {{"tokens", o->prompt_tokens}, {"tps_mean", pp.mean}, {"tps_sd", pp.sd}, {"tps", pp_tps},
+                        {"tokens_per_cpu_second_mean", ppc.mean}};
       if (o->gen_tokens > 0)
         j["decode"] = {{"tokens", o->gen_tokens}, {"depth", o->depth},     {"tps_mean", tg.mean},
                        {"tps_sd", tg.sd},         {"tps", tg_tps},         {"cache_bytes_at_end", cache_bytes},
+                       {"tokens_per_cpu_second_mean", tgc.mean},
                        {"cache_desc", cache_desc},
                        {"weight_bytes_per_token", step_weight_bytes},
                        {"cache_bytes_per_token", cache_bytes},
@@ -167,12 +187,14 @@ void add_bench_command(CLI::App& root) {
     }
     fmt::print("model {} · {} threads · {} · cache {} · weights {:.1f} MB · {} repeats\n", path, threads, simd,
                describe(o->cache), double(model.weight_bytes()) / 1e6, o->repeat);
-    fmt::print("| test           |        tokens/s |\n| -------------- | --------------: |\n");
-    if (o->prompt_tokens > 0) fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} |\n", fmt::format("pp{}", o->prompt_tokens), pp.mean, pp.sd);
+    fmt::print("| test           |        tokens/s | tokens/CPU-s |\n| -------------- | --------------: | -----------: |\n");
+    if (o->prompt_tokens > 0)
+      fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} | {:>12.1f} |\n", fmt::format("pp{}", o->prompt_tokens), pp.mean, pp.sd,
+                 ppc.mean);
     if (o->gen_tokens > 0) {
       const std::string name =
           o->depth > 0 ? fmt::format("tg{} @ d{}", o->gen_tokens, o->depth) : fmt::format("tg{}", o->gen_tokens);
-      fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} |\n", name, tg.mean, tg.sd);
+      fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} | {:>12.1f} |\n", name, tg.mean, tg.sd, tgc.mean);
     }
     if (o->gen_tokens > 0)
       fmt::print("decode reads {:.1f} MB of weights + {:.2f} MB of cache per token (at the end) → {:.1f} GB/s achieved\n",
