@@ -598,9 +598,10 @@ float* panel_scratch(int64_t in) {
   return buf.data();
 }
 
-// Rows at or above which a matrix-vector product is split across threads:
-// below it the fork/join costs more than the arithmetic.
-constexpr int64_t kParallelRows = 64;
+// Multiply-adds at or above which a product is split across threads: below
+// it the fork/join (a few microseconds) costs more than the arithmetic. Tiny
+// models (stories260K: 64 x 64 weights) then run every matmul on one thread.
+constexpr int64_t kParallelWork = int64_t(1) << 16;
 
 // [begin, end) of `total` items for thread `tid` of `nt`, in units of `align`.
 std::pair<int64_t, int64_t> split(int64_t total, int tid, int nt, int64_t align) {
@@ -632,7 +633,7 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
     // Decode: the jobs' rows, concatenated, are split evenly across threads.
     int64_t total = 0;
     for (int j = 0; j < n_jobs; ++j) total += jobs[j].w->rows();
-#pragma omp parallel if (total >= kParallelRows)
+#pragma omp parallel if (total * in >= kParallelWork)
     {
       auto [b, e] = split(total, omp_get_thread_num(), omp_get_num_threads(), 4);
       int64_t off = 0;
@@ -647,9 +648,12 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
   }
   // Prefill: one task per (job, panel of kNR rows).
   std::vector<std::pair<int, int64_t>> tasks;
-  for (int j = 0; j < n_jobs; ++j)
+  int64_t rows = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    rows += jobs[j].w->rows();
     for (int64_t o0 = 0; o0 < jobs[j].w->rows(); o0 += kNR) tasks.emplace_back(j, o0);
-#pragma omp parallel
+  }
+#pragma omp parallel if (rows * in * n_tokens >= kParallelWork)
   {
     float* panel = panel_scratch(in);
 #pragma omp for schedule(static)
@@ -680,7 +684,7 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
   if (n_tokens == 1) {
     // Each thread owns a range of ffn rows in both matrices, so the SwiGLU of
     // that range needs no barrier.
-#pragma omp parallel if (F >= kParallelRows)
+#pragma omp parallel if (2 * F * in >= kParallelWork)
     {
       auto [b, e] = split(F, omp_get_thread_num(), omp_get_num_threads(), 16);
       if (b < e) {
@@ -692,7 +696,7 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
     return;
   }
   const int64_t n_panels = (F + kNR - 1) / kNR;
-#pragma omp parallel
+#pragma omp parallel if (2 * F * in * n_tokens >= kParallelWork)
   {
     float* panel = panel_scratch(in);
 #pragma omp for schedule(static)
