@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
 #include "io/mmap.h"
+#include "kv/cache_options.h"
 
 namespace ptllm {
 
@@ -61,8 +63,18 @@ std::string_view stop_reason_name(StopReason r) {
 
 std::unique_ptr<KVCache> make_default_cache(const Model& model, int64_t tokens_needed) {
   const int64_t cap = std::min<int64_t>(model.config().max_position, std::max<int64_t>(tokens_needed, 1));
-  return std::make_unique<Fp32KVCache>(model.cache_shape(cap));
+  return make_cache(model.cache_shape(cap), CacheOptions{});
 }
+
+namespace {
+// A NaN/Inf in the logits would otherwise be sampled silently (the sampler
+// then picks an arbitrary id); one pass over [vocab] per forward is cheap
+// next to the forward itself. `position` is that of the token just run.
+void check_finite(const std::vector<float>& logits, int64_t position) {
+  for (float v : logits)
+    if (!std::isfinite(v)) fail("non-finite logits at position {}", position);
+}
+}  // namespace
 
 Session::Session(const LoadedModel& lm, std::unique_ptr<KVCache> cache) : lm_(lm), cache_(std::move(cache)) {}
 
@@ -87,6 +99,7 @@ GenerateStats Session::generate(const std::vector<int32_t>& prompt, const Genera
     lm_.model->forward(prompt.data() + off, chunk, *cache_, logits_.data(), false);
     off += size_t(chunk);
   }
+  check_finite(logits_, cache_->position() - 1);
   auto t1 = clock::now();
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
@@ -109,6 +122,7 @@ GenerateStats Session::generate(const std::vector<int32_t>& prompt, const Genera
       break;
     }
     lm_.model->forward(&id, 1, *cache_, logits_.data(), false);
+    check_finite(logits_, cache_->position() - 1);
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   return st;

@@ -56,6 +56,22 @@ StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheOptions& o) : K
 
 void StorageKVCache::append(int64_t layer, const float* k, const float* v, int64_t n) {
   const auto& s = shape_;
+  // A layer with its own attention window (Mistral, YOCO self-decoder) never
+  // again needs keys that the oldest query of this step cannot see: drop them,
+  // so while decoding such a layer holds at most `window` entries. Only a
+  // prefix goes, so slots stay contiguous and re-positioned RoPE keeps the true
+  // query-key distances.
+  const int64_t window = s.window_of(layer);
+  if (window > 0 && !bounded()) {
+    auto& p = pos_[size_t(layer)];
+    int64_t drop = 0;
+    while (drop < int64_t(p.size()) && p[size_t(drop)] <= position_ - window) ++drop;
+    if (drop > 0) {
+      k_[size_t(layer)]->evict(0, drop);
+      v_[size_t(layer)]->evict(0, drop);
+      p.erase(p.begin(), p.begin() + drop);
+    }
+  }
   const int64_t len = stored(layer);
   if (len + n > s.capacity) {
     if (!bounded())

@@ -89,6 +89,35 @@ TEST(TinyGpt, YocoCacheHoldsSelfLayersPlusOne) {
   EXPECT_EQ(cache->shape().n_layers, c.yoco_self_layers + 1);
 }
 
+// tiny-yoco-swa: self-decoder layers attend over a window of 16, so their
+// caches hold at most 16 entries while decoding (the global K/V keeps all),
+// and logits stay those of the reference (which recomputes everything).
+TEST(TinyGpt, SelfWindowCapsSelfDecoderCaches) {
+  auto model = Model::load_tinygpt(fx("tiny-yoco-swa.tinygpt"), nullptr);
+  const auto& c = model->config();
+  ASSERT_EQ(c.yoco_self_window, 16);
+  TensorStore ref;
+  ref.add_file(fx("tiny-yoco-swa.reference.safetensors"));
+  const TensorView& it = ref.get("input_ids");
+  const TensorView& lt = ref.get("logits");
+  const int64_t T = it.numel(), V = c.vocab_size;
+  auto cache = make_default_cache(*model, T);
+  std::vector<float> logits(static_cast<size_t>(V));
+  double max_ref = 0, max_diff = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = it.dtype == DType::I64 ? int32_t(it.as<int64_t>()[t]) : it.as<int32_t>()[t];
+    model->forward(&id, 1, *cache, logits.data(), false);
+    for (int64_t l = 0; l < c.yoco_self_layers; ++l) ASSERT_LE(cache->stored(l), 16) << "layer " << l << " step " << t;
+    EXPECT_EQ(cache->stored(c.yoco_self_layers), t + 1);
+    for (int64_t v = 0; v < V; ++v) {
+      max_ref = std::max(max_ref, double(std::fabs(lt.as<float>()[t * V + v])));
+      max_diff = std::max(max_diff, double(std::fabs(logits[size_t(v)] - lt.as<float>()[t * V + v])));
+    }
+  }
+  EXPECT_GT(T, 16);
+  EXPECT_LE(max_diff, kLogitRelTol * max_ref);
+}
+
 // ---- malformed files: each a one-line Error naming the file and the problem ----
 
 std::string tmp(const std::string& name) {
