@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Regenerates the tables of docs/EVALUATION.md (sections "Perplexity ...",
+# "Long streams", "Greedy match"). Each command is printed, then its markdown
+# output. Usage: scripts/eval_tables.sh [SECTION...]   (default: all)
+#   sections: flagship-window flagship-window-kv flagship-stream flagship-8k
+#             flagship-compare stories-window stories-stream stories-compare
+# Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
+# (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-build/app/posttrainllm}
+THREADS=${THREADS:-2}
+N=${N:-4096}
+CORPUS=${CORPUS:-}
+if [ -z "$CORPUS" ]; then
+  for d in corpus/heldout ../shared/corpus/heldout; do [ -d "$d" ] && CORPUS=$d && break; done
+fi
+[ -n "$CORPUS" ] || { echo "error: no corpus/heldout (set CORPUS=...)" >&2; exit 1; }
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+mapfile -t BOOKS < <(ls "$CORPUS"/*.txt | LC_ALL=C sort)
+FLAG=models/flagship-27m
+STORIES=models/stories260K
+STREAM_CONFIGS=(--streaming-llm-sink 0,0,4,4 --streaming-llm-window 0,256,252,508)
+
+show() {
+  local shown="posttrainllm ${*:2}"
+  shown=${shown//"${BOOKS[*]}"/"$CORPUS/*.txt"}
+  printf '\n```\n%s\n```\n\n' "$shown"
+}
+run() {
+  show "$@"
+  local t0=$SECONDS
+  "$@" --threads "$THREADS" -q
+  echo "($((SECONDS - t0)) s wall, --threads $THREADS)"
+}
+
+section() {
+  case $1 in
+    flagship-window) run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache ;;
+    flagship-window-kv)
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows 64 --cache-only \
+        --kv-quantize fp16,bf16,int8,int4 ;;
+    flagship-stream)
+      # One book (Alice, the shortest) to fit the 2-core machine's time; N tokens from its start.
+      run "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32 \
+        --plot docs/eval_stream_flagship.svg
+      run "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
+        --streaming-llm-rope absolute,reposition --kv-quantize int8,int4 ;;
+    flagship-8k)
+      # Twice, to show the result is deterministic; memory stays flat (max stored <= sink + window).
+      for r in a b; do
+        show "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 --json
+        "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 --json \
+          --threads "$THREADS" -q > /tmp/eval_8k_$r.json
+        jq -c '.results[0].through_cache | {ppl, predictions, max_stored_tokens, max_cache_bytes, tokens_per_second}' \
+          /tmp/eval_8k_$r.json
+      done
+      if jq -e -n --slurpfile a /tmp/eval_8k_a.json --slurpfile b /tmp/eval_8k_b.json \
+           '$a[0].results[0].through_cache.mean_nll == $b[0].results[0].through_cache.mean_nll' >/dev/null; then
+        echo "deterministic: both runs give the same mean NLL bit for bit"
+      else
+        echo "NOT deterministic" && exit 1
+      fi ;;
+    flagship-compare)
+      run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4 ;;
+    stories-window)
+      run "$BIN" perplexity $STORIES "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache \
+        --kv-quantize fp32,fp16,bf16,int8,int4 ;;
+    stories-stream)
+      run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 \
+        --plot docs/eval_stream_stories.svg
+      run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
+        --streaming-llm-rope absolute --kv-quantize fp32,int8,int4 ;;
+    stories-compare)
+      run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4 ;;
+    *) echo "unknown section $1" >&2; exit 1 ;;
+  esac
+}
+
+if [ $# -eq 0 ]; then
+  set -- flagship-window flagship-window-kv flagship-stream flagship-8k flagship-compare stories-window \
+    stories-stream stories-compare
+fi
+for s in "$@"; do section "$s"; done
