@@ -57,13 +57,17 @@ void TensorStore::add_file(const std::string& path) {
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = size - data_start;
   const size_t file_index = files_.size();
+  // Staged and committed only once the whole header is valid: a throw must
+  // not leave views into this (then unmapped) file in the store.
+  std::map<std::string, TensorView> staged;
+  std::map<std::string, std::string> staged_meta;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) of every tensor, for the overlap check
   for (auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
       if (!info.is_object()) fail("{}: __metadata__ must be an object of strings", path);
       for (auto& [k, v] : info.items()) {
         if (!v.is_string()) fail("{}: __metadata__[{}] must be a string", path, k);
-        metadata_[k] = v.get<std::string>();
+        staged_meta[k] = v.get<std::string>();
       }
       continue;
     }
@@ -96,14 +100,18 @@ void TensorStore::add_file(const std::string& path) {
     v.data = file->data() + data_start + begin;
     if (end > begin) ranges.emplace_back(begin, end);
     if (tensors_.count(name)) fail("{}: duplicate tensor name", where);
-    tensors_[name] = std::move(v);
-    file_of_[name] = file_index;
+    staged[name] = std::move(v);
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second)
       fail("{}: tensors overlap (data bytes [{}, {}) and [{}, {}))", path, ranges[i - 1].first, ranges[i - 1].second,
            ranges[i].first, ranges[i].second);
+  for (auto& [name, v] : staged) {
+    file_of_[name] = file_index;
+    tensors_[name] = std::move(v);
+  }
+  for (auto& [k, v] : staged_meta) metadata_[k] = std::move(v);
   files_.push_back(std::move(file));
 }
 

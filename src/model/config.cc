@@ -66,7 +66,8 @@ void parse_rope(const json& j, const std::string& where, RopeConfig& rope) {
 }
 }  // namespace
 
-ModelConfig parse_hf_config(const std::string& text, const std::string& where) {
+namespace {
+ModelConfig parse_hf_config_json(const std::string& text, const std::string& where) {
   json j;
   try {
     j = json::parse(text);
@@ -83,7 +84,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& where) {
     fail("{}: unsupported architecture model_type \"{}\" (supported: llama, mistral, qwen2)", where,
          c.model_type);
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    fail("{}: unsupported hidden_act {} (supported: silu)", where, j["hidden_act"].dump());
+    // Only a string is echoed: dumping a crafted, deeply nested value recursed
+    // once per level and overflowed the stack (fuzz_hf_config).
+    fail("{}: unsupported hidden_act {} (supported: silu)", where,
+         j["hidden_act"].is_string() ? j["hidden_act"].dump() : std::string("of type ") + j["hidden_act"].type_name());
   c.vocab_size = req_int(j, "vocab_size", where);
   c.hidden_size = req_int(j, "hidden_size", where);
   c.intermediate_size = req_int(j, "intermediate_size", where);
@@ -119,6 +123,17 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& where) {
   if (!bos.empty()) c.bos_id = bos[0];
   read_ids(j, "eos_token_id", c.eos_ids);
   return c;
+}
+}  // namespace
+
+ModelConfig parse_hf_config(const std::string& text, const std::string& where) {
+  // json::value()/get() throw json::type_error on a key of the wrong type (e.g.
+  // "model_type": 1, found by fuzz_hf_config); report it as an Error naming the file.
+  try {
+    return parse_hf_config_json(text, where);
+  } catch (const json::exception& e) {
+    fail("{}: malformed config ({})", where, e.what());
+  }
 }
 
 ModelConfig load_hf_config(const std::string& dir) {

@@ -166,6 +166,24 @@ constexpr const char* kPostProcessors = "TemplateProcessing, ByteLevel, Sequence
 
 struct Ctx {
   const std::string& where;
+  // Ids size tables (vocab, added_index, is_special: one entry per id up to
+  // the largest), so a large id must be backed by a file of that size: ids
+  // below max(file bytes, 65536) are accepted, which every real tokenizer
+  // meets (each id needs its own entry in the file).
+  int64_t id_limit;
+  // Sequence nesting depth: components are parsed and applied recursively,
+  // so a crafted file nested 50,000 deep overflowed the stack.
+  mutable int depth = 0;
+};
+
+constexpr int kMaxNesting = 64;
+struct Nest {
+  const Ctx& c;
+  Nest(const Ctx& ctx, const char* component) : c(ctx) {
+    if (++c.depth > kMaxNesting)
+      fail("{}: {} Sequence nested deeper than {} levels", c.where, component, kMaxNesting);
+  }
+  ~Nest() { --c.depth; }
 };
 
 std::string type_of(const json& j, const Ctx& c, const char* component) {
@@ -213,6 +231,7 @@ Normalizer parse_normalizer(const json& j, const Ctx& c) {
   Normalizer n{};
   if (t == "Sequence") {
     n.kind = Normalizer::Kind::Sequence;
+    const Nest nest(c, "normalizer");
     for (const json& k : j.at("normalizers")) n.children.push_back(parse_normalizer(k, c));
   } else if (t == "Prepend") {
     n.kind = Normalizer::Kind::Prepend;
@@ -256,6 +275,7 @@ PreTokenizer parse_pre_tokenizer(const json& j, const Ctx& c, bool* byte_level) 
   PreTokenizer p{};
   if (t == "Sequence") {
     p.kind = PreTokenizer::Kind::Sequence;
+    const Nest nest(c, "pre_tokenizer");
     for (const json& k : j.at("pretokenizers")) p.children.push_back(parse_pre_tokenizer(k, c, byte_level));
   } else if (t == "Split") {
     p.kind = PreTokenizer::Kind::Split;
@@ -291,6 +311,7 @@ Decoder parse_decoder(const json& j, const Ctx& c) {
   Decoder d{};
   if (t == "Sequence") {
     d.kind = Decoder::Kind::Sequence;
+    const Nest nest(c, "decoder");
     for (const json& k : j.at("decoders")) d.children.push_back(parse_decoder(k, c));
   } else if (t == "Replace") {
     d.kind = Decoder::Kind::Replace;
@@ -349,6 +370,7 @@ PostProcessor parse_post(const json& j, const Ctx& c) {
     p.kind = PostProcessor::Kind::ByteLevel;
   } else if (t == "Sequence") {
     p.kind = PostProcessor::Kind::Sequence;
+    const Nest nest(c, "post_processor");
     for (const json& k : j.at("processors")) p.children.push_back(parse_post(k, c));
   } else if (t == "BertProcessing" || t == "RobertaProcessing") {
     p.kind = PostProcessor::Kind::Bert;
@@ -366,7 +388,9 @@ void parse_bpe(const json& m, RawModel& raw, const Ctx& c, Bpe& bpe) {
   if (!raw.has_merges) fail("{}: BPE model has no \"merges\"", c.where);
   size_t max_id = 0;
   for (const auto& [piece, id] : raw.vocab) {
-    if (id < 0 || id > (int64_t(1) << 30)) fail("{}: model.vocab id {} for '{}' is out of range", c.where, id, piece);
+    if (id < 0 || id >= c.id_limit)
+      fail("{}: model.vocab id {} for '{}' is out of range (expected 0..{} for a tokenizer.json of this size)", c.where,
+           id, piece, c.id_limit - 1);
     max_id = std::max(max_id, size_t(id));
   }
   bpe.vocab.assign(raw.vocab.empty() ? 0 : max_id + 1, std::string());
@@ -492,7 +516,7 @@ std::optional<std::string> config_token(const json& cfg, const char* key, bool* 
 }  // namespace
 
 std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view config_text, const std::string& where) {
-  Ctx c{where};
+  Ctx c{where, std::max<int64_t>(int64_t(json_text.size()), int64_t(1) << 16)};
   json j;
   RawModel raw;
   try {
@@ -520,7 +544,15 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
       t.decoder = parse_decoder(j["decoder"], c);
       size_t stop = 0;
       decoder_has(*t.decoder, Decoder::Kind::Fuse, &stop);
-      t.stream_unsafe_tail = stop > 0;
+      // Strip(start > 1) can remove leading characters of several tokens, which
+      // the one-token context of StreamDecoder cannot reproduce (found by
+      // fuzz_tokenizer_json): such decoders are streamed like Strip(stop > 0).
+      auto strip_start = [](const Decoder& d, auto& self) -> size_t {
+        size_t m = d.kind == Decoder::Kind::Strip ? d.start : 0;
+        for (const auto& ch : d.children) m = std::max(m, self(ch, self));
+        return m;
+      };
+      t.stream_unsafe_tail = stop > 0 || strip_start(*t.decoder, strip_start) > 1;
     }
 
     int32_t max_id = int32_t(t.bpe.vocab.size()) - 1;
@@ -535,6 +567,9 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
         tok.rstrip = get_bool(a, "rstrip", false);
         tok.single_word = get_bool(a, "single_word", false);
         if (tok.id < 0) fail("{}: added token '{}' has negative id", where, tok.content);
+        if (tok.id >= c.id_limit)
+          fail("{}: added token '{}' id {} is out of range (expected 0..{} for a tokenizer.json of this size)", where,
+               tok.content, tok.id, c.id_limit - 1);
         if (tok.content.empty()) continue;  // HF ignores empty added tokens
         max_id = std::max(max_id, tok.id);
         t.added.push_back(std::move(tok));
