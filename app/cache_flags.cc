@@ -44,8 +44,26 @@ CLI::Validator one_of(Parse parse, std::string desc) {
 void add_cache_flags(CLI::App* cmd, CacheOptions& o) {
   cmd->add_option_function<std::string>(
          "--kv-quantize", [&o](const std::string& s) { o.storage = parse_storage(s); },
-         "KV cache storage: fp32 (default), fp16, bf16, int8, int4 (int8/int4 = KIVI: K per-channel, V per-token)")
-      ->check(one_of(parse_storage, "fp32|fp16|bf16|int8|int4"));
+         "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int2 (int8/int4/int2 = KIVI: K "
+         "per-channel, V per-token)")
+      ->check(one_of([](const std::string& s) { return parse_storage(s); }, "fp32|fp16|bf16|int8|int4|int2"));
+  cmd->add_option_function<std::string>(
+         "--kv-quantize-k", [&o](const std::string& s) { o.key_storage = parse_storage(s, "--kv-quantize-k"); },
+         "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2")
+      ->check(one_of([](const std::string& s) { return parse_storage(s, "--kv-quantize-k"); },
+                     "fp32|fp16|bf16|int8|int4|int2"));
+  cmd->add_option_function<std::string>(
+         "--kv-quantize-v", [&o](const std::string& s) { o.value_storage = parse_storage(s, "--kv-quantize-v"); },
+         "Storage of V only (overrides --kv-quantize for values)")
+      ->check(one_of([](const std::string& s) { return parse_storage(s, "--kv-quantize-v"); },
+                     "fp32|fp16|bf16|int8|int4|int2"));
+  cmd->add_option("--kivi-group", o.kivi_group,
+                  "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over "
+                  "all stored tokens, re-quantised on append)")
+      ->check(integer_at_least(0, " (0 = the simple scheme)"));
+  cmd->add_option("--kivi-residual", o.kivi_residual,
+                  "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)")
+      ->check(integer_at_least(0, ""));
   cmd->add_option("--streaming-llm-sink", o.sink,
                   "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window")
       ->check(integer_at_least(0, ""));

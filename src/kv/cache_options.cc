@@ -14,14 +14,15 @@ std::string_view storage_name(KVStorage s) {
     case KVStorage::BF16: return "bf16";
     case KVStorage::Int8: return "int8";
     case KVStorage::Int4: return "int4";
+    case KVStorage::Int2: return "int2";
   }
   return "?";
 }
 
-KVStorage parse_storage(const std::string& s) {
+KVStorage parse_storage(const std::string& s, std::string_view flag) {
   for (KVStorage k : kAllStorages)
     if (s == storage_name(k)) return k;
-  fail("--kv-quantize {}: expected one of fp32, fp16, bf16, int8, int4", s);
+  fail("{} {}: expected one of fp32, fp16, bf16, int8, int4, int2", flag, s);
 }
 
 std::string_view rope_mode_name(RopeMode m) { return m == RopeMode::Absolute ? "absolute" : "reposition"; }
@@ -39,13 +40,36 @@ void validate(const CacheOptions& o) {
   if (o.sink > 0 && o.window == 0)
     fail("--streaming-llm-sink {} needs --streaming-llm-window M (M >= 1): the window sets the cache bound",
          o.sink);
+  if (o.kivi_group < 0) fail("--kivi-group {}: expected >= 0 (0 = the simple scheme)", o.kivi_group);
+  if (o.kivi_group > 4096) fail("--kivi-group {}: expected <= 4096", o.kivi_group);
+  if (o.kivi_residual < 0) fail("--kivi-residual {}: expected >= 0", o.kivi_residual);
+  if (o.kivi_group > 0 && o.kivi_residual % o.kivi_group != 0)
+    fail("--kivi-residual {}: expected a multiple of --kivi-group {}", o.kivi_residual, o.kivi_group);
 }
 
+namespace {
+std::string kivi_part(KVStorage st, bool key, const CacheOptions& o) {
+  if (!is_quantised(st)) return std::string(storage_name(st));
+  std::string s = fmt::format("{} {}", storage_name(st), key ? "per-channel" : "per-token");
+  if (key && o.kivi_group == 0) s += " over all stored tokens (simple scheme)";
+  if (key && o.kivi_group > 0) s += fmt::format(" in groups of {}", o.kivi_group);
+  return s;
+}
+}  // namespace
+
 std::string describe(const CacheOptions& o) {
-  std::string s = fmt::format("kv cache {}", storage_name(o.storage));
-  if (o.storage == KVStorage::Int8 || o.storage == KVStorage::Int4)
-    s += fmt::format(" KIVI (K per-channel, V per-token, fp16 scale+zero{})",
-                     o.storage == KVStorage::Int4 ? ", 2 codes per byte" : "");
+  const KVStorage ks = o.k_storage(), vs = o.v_storage();
+  std::string s;
+  if (!is_quantised(ks) && !is_quantised(vs))
+    s = ks == vs ? fmt::format("kv cache {}", storage_name(ks))
+                 : fmt::format("kv cache K {} · V {}", storage_name(ks), storage_name(vs));
+  else {
+    s = fmt::format("kv cache KIVI (K {} · V {}, fp16 scale+zero", kivi_part(ks, true, o), kivi_part(vs, false, o));
+    if (o.kivi_group > 0)
+      s += fmt::format("; newest {}..{} tokens{} full precision, each token quantised once", o.kivi_residual,
+                       o.kivi_residual + o.kivi_group - 1, o.sink > 0 && o.streaming() ? " and the sinks" : "");
+    s += ")";
+  }
   if (o.streaming())
     s += fmt::format(" · StreamingLLM sink {} + window {} (<= {} tokens per layer) · RoPE {}", o.sink, o.window,
                      o.sink + o.window, rope_mode_name(o.rope_mode));

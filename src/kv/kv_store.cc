@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kv/cache_options.h"
+#include "kv/grouped_store.h"
 #include "ops/ops.h"
 
 namespace ptllm {
@@ -81,7 +82,9 @@ class PlainStore : public KVStore {
   std::vector<Elem> data_;  // [n_heads, capacity, head_dim]
 };
 
-kivi::QuantRange range_of(KVStorage s) { return s == KVStorage::Int8 ? kivi::kInt8Range : kivi::kInt4Range; }
+kivi::QuantRange range_of(KVStorage s) {
+  return s == KVStorage::Int8 ? kivi::kInt8Range : s == KVStorage::Int4 ? kivi::kInt4Range : kivi::kInt2Range;
+}
 
 }  // namespace
 
@@ -91,15 +94,25 @@ std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t 
     case KVStorage::F16: return std::make_unique<PlainStore<uint16_t, DType::F16>>(n_heads, capacity, head_dim);
     case KVStorage::BF16: return std::make_unique<PlainStore<uint16_t, DType::BF16>>(n_heads, capacity, head_dim);
     case KVStorage::Int8:
-    case KVStorage::Int4: return std::make_unique<KiviValueStore>(range_of(s), n_heads, capacity, head_dim);
+    case KVStorage::Int4:
+    case KVStorage::Int2: return std::make_unique<KiviValueStore>(range_of(s), n_heads, capacity, head_dim);
   }
   fail("KV store: unknown storage");
 }
 
 std::unique_ptr<KVStore> make_key_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim) {
-  if (s == KVStorage::Int8 || s == KVStorage::Int4)
-    return std::make_unique<KiviKeyStore>(range_of(s), n_heads, capacity, head_dim);
+  if (is_quantised(s)) return std::make_unique<KiviKeyStore>(range_of(s), n_heads, capacity, head_dim);
   return make_value_store(s, n_heads, capacity, head_dim);
+}
+
+std::unique_ptr<KVStore> make_store(bool key, const CacheOptions& o, int64_t sink, int64_t n_heads, int64_t capacity,
+                                    int64_t head_dim) {
+  const KVStorage s = key ? o.k_storage() : o.v_storage();
+  if (is_quantised(s) && o.kivi_group > 0)
+    return std::make_unique<GroupedKiviStore>(
+        key ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken, range_of(s), n_heads, capacity,
+        head_dim, sink, o.kivi_group, o.kivi_residual);
+  return key ? make_key_store(s, n_heads, capacity, head_dim) : make_value_store(s, n_heads, capacity, head_dim);
 }
 
 // ---------------- KIVI keys: per channel ----------------

@@ -17,6 +17,7 @@
 namespace ptllm {
 
 enum class KVStorage;  // cache_options.h
+struct CacheOptions;
 
 class KVStore {
  public:
@@ -40,17 +41,23 @@ class KVStore {
   int64_t capacity() const { return capacity_; }
   int64_t n_heads() const { return n_heads_; }
   int64_t head_dim() const { return head_dim_; }
-  void clear() { len_ = 0; }
+  virtual void clear() { len_ = 0; }
 
  protected:
   int64_t n_heads_, capacity_, head_dim_;
   int64_t len_ = 0;
 };
 
-// K store for `storage`: plain casts for fp32/fp16/bf16, KIVI per-channel for int8/int4.
+// K store for `storage`: plain casts for fp32/fp16/bf16, KIVI per-channel (simple scheme) for int8/int4/int2.
 std::unique_ptr<KVStore> make_key_store(KVStorage storage, int64_t n_heads, int64_t capacity, int64_t head_dim);
-// V store: plain casts, or KIVI per-token for int8/int4.
+// V store: plain casts, or KIVI per-token for int8/int4/int2.
 std::unique_ptr<KVStore> make_value_store(KVStorage storage, int64_t n_heads, int64_t capacity, int64_t head_dim);
+
+// The store the cache uses for K (key = true) or V of one layer under `o`:
+// o.k_storage() / o.v_storage(); quantised ones grouped (grouped_store.h) when
+// o.kivi_group > 0, with o.sink full-precision sinks when `sink` says so.
+std::unique_ptr<KVStore> make_store(bool key, const CacheOptions& o, int64_t sink, int64_t n_heads, int64_t capacity,
+                                    int64_t head_dim);
 
 // KIVI keys: one (scale, zero) per (head, channel) over all stored tokens,
 // recomputed on every append (dequantise, append, re-quantise). Codes are

@@ -56,6 +56,14 @@ void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst) {
     for (int64_t i = 0; i < n; ++i) dst[i] = u[i];
     return;
   }
+  if (r.bits == 2) {
+    for (int64_t j = 0; 4 * j < n; ++j) {
+      uint8_t b = 0;
+      for (int64_t k = 0; k < 4 && 4 * j + k < n; ++k) b = uint8_t(b | ((u[4 * j + k] & 0x03) << (2 * k)));
+      dst[j] = b;
+    }
+    return;
+  }
   for (int64_t j = 0; 2 * j < n; ++j) {
     const uint8_t lo = u[2 * j] & 0x0f;
     const uint8_t hi = 2 * j + 1 < n ? uint8_t(u[2 * j + 1] & 0x0f) : 0;
@@ -65,6 +73,7 @@ void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst) {
 
 uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r) {
   if (r.bits == 8) return row[i];
+  if (r.bits == 2) return uint8_t((row[i / 4] >> (2 * (i & 3))) & 0x03);
   const uint8_t b = row[i / 2];
   return (i & 1) ? uint8_t(b >> 4) : uint8_t(b & 0x0f);
 }
@@ -72,6 +81,12 @@ uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r) {
 void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r) {
   if (r.bits == 8) {
     row[i] = u;
+    return;
+  }
+  if (r.bits == 2) {
+    uint8_t& b = row[i / 4];
+    const int sh = int(2 * (i & 3));
+    b = uint8_t((b & ~(0x03 << sh)) | ((u & 0x03) << sh));
     return;
   }
   uint8_t& b = row[i / 2];
@@ -82,12 +97,27 @@ void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r) {
 // below are plain, vectorisable byte -> float arithmetic.
 static inline const uint8_t* unpacked(const uint8_t* row, int64_t n, QuantRange r, uint8_t* tmp) {
   if (r.bits == 8) return row;
+  if (r.bits == 2) {
+    for (int64_t j = 0; j < n / 4; ++j) {
+      const uint8_t b = row[j];
+      tmp[4 * j] = b & 0x03;
+      tmp[4 * j + 1] = (b >> 2) & 0x03;
+      tmp[4 * j + 2] = (b >> 4) & 0x03;
+      tmp[4 * j + 3] = b >> 6;
+    }
+    for (int64_t i = n / 4 * 4; i < n; ++i) tmp[i] = (row[i / 4] >> (2 * (i & 3))) & 0x03;
+    return tmp;
+  }
   for (int64_t j = 0; j < n / 2; ++j) {
     tmp[2 * j] = row[j] & 0x0f;
     tmp[2 * j + 1] = row[j] >> 4;
   }
   if (n & 1) tmp[n - 1] = row[n / 2] & 0x0f;
   return tmp;
+}
+
+const uint8_t* unpack_row(const uint8_t* row, int64_t n, QuantRange r, uint8_t* tmp) {
+  return unpacked(row, n, r, tmp);
 }
 
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* __restrict scale,

@@ -6,7 +6,7 @@
 //   x'    = (q - qmin) * scale + zero
 //
 // Codes are stored as the offset u = q - qmin (0..qmax-qmin), one byte each
-// for int8 and two per byte for int4. Scales and zeros are stored as fp16
+// for int8, two per byte for int4 and four per byte for int2. Scales and zeros are stored as fp16
 // (`Half`), which on purpose has no arithmetic: the only way to use one is
 // widen() to fp32, so fp16 arithmetic on scales cannot happen by accident.
 #pragma once
@@ -41,8 +41,10 @@ struct QuantRange {
 };
 inline constexpr QuantRange kInt8Range{-128, 127, 8};
 inline constexpr QuantRange kInt4Range{-8, 7, 4};
+inline constexpr QuantRange kInt2Range{-2, 1, 2};
 // A collapsed range (qmax == qmin) would divide by zero in the scale formula.
-static_assert(kInt8Range.levels() == 255 && kInt4Range.levels() == 15, "clamp ranges must not collapse");
+static_assert(kInt8Range.levels() == 255 && kInt4Range.levels() == 15 && kInt2Range.levels() == 3,
+              "clamp ranges must not collapse");
 // Smallest scale: a zero range (constant channel/token) would otherwise give scale 0 and 0/0.
 inline constexpr float kScaleFloor = 1e-5f;
 
@@ -78,9 +80,12 @@ inline uint8_t quantise(float x, const WideParams& w, QuantRange r) {
 inline float dequantise(uint8_t u, const WideParams& w) { return float(u) * w.scale + w.zero; }
 
 // Bytes of one packed row of n codes.
-constexpr size_t row_bytes(int64_t n, QuantRange r) { return r.bits == 8 ? size_t(n) : size_t(n + 1) / 2; }
+constexpr size_t row_bytes(int64_t n, QuantRange r) {
+  return r.bits == 8 ? size_t(n) : r.bits == 4 ? size_t(n + 1) / 2 : size_t(n + 3) / 4;
+}
 // Packs codes u[0..n) (each <= r.levels()) into dst (row_bytes(n, r) bytes).
 // int4: byte j holds element 2j in the low nibble and 2j+1 in the high one.
+// int2: byte j holds element 4j+k in bits 2k..2k+1 (k = 0..3, low bits first).
 void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst);
 uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r);
 void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r);
@@ -91,6 +96,10 @@ void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* sc
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const WideParams& per_token, float* out);
 
 // Per-element min/max code over n_rows packed rows (stride bytes apart); umin/umax are updated in place.
+// Codes of one packed row as one byte each: returns row itself for int8, else
+// unpacks into tmp (>= n bytes) and returns tmp.
+const uint8_t* unpack_row(const uint8_t* row, int64_t n, QuantRange r, uint8_t* tmp);
+
 void code_range(const uint8_t* rows, int64_t n_rows, size_t stride, int64_t n, QuantRange r, uint8_t* umin,
                 uint8_t* umax);
 

@@ -28,9 +28,12 @@ const Model& flagship() {
   return *m;
 }
 
-CacheOptions opts(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition) {
+CacheOptions opts(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
+                  int64_t group = CacheOptions{}.kivi_group, int64_t residual = CacheOptions{}.kivi_residual) {
   CacheOptions o;
   o.storage = s;
+  o.kivi_group = group;
+  o.kivi_residual = residual;
   o.sink = sink;
   o.window = window;
   o.rope_mode = r;
@@ -111,16 +114,23 @@ TEST(StorageCache, Fp32MatchesLegacyFp32Cache) {
 // fp16 / bf16 / int8 / int4 against fp32, teacher-forced on the five reference
 // sequences. Stated tolerances (max |Δlogit| over max |logit| of the step, worst
 // step) and minimum top-1 agreement:
+// KIVI rows give (group, residual): group 0 is the simple scheme; the grouped
+// rows use G 8 / R 16 so that most of these ~70-token sequences is quantised
+// (with the default R 128 nothing would be).
 struct Tol {
   KVStorage s;
   double rel;
   double top1;
+  int64_t group = 0, residual = 0;
 };
 constexpr Tol kTolerances[] = {
     {KVStorage::F16, 0.01, 0.98},
     {KVStorage::BF16, 0.05, 0.95},
-    {KVStorage::Int8, 0.05, 0.95},
-    {KVStorage::Int4, 0.40, 0.70},
+    {KVStorage::Int8, 0.05, 0.95, 0, 0},
+    {KVStorage::Int4, 0.40, 0.70, 0, 0},
+    {KVStorage::Int8, 0.05, 0.95, 8, 16},
+    {KVStorage::Int4, 0.40, 0.70, 8, 16},
+    {KVStorage::Int2, 1.00, 0.40, 8, 16},
 };
 
 TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
@@ -135,7 +145,8 @@ TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
     double worst = 0;
     int agree = 0, steps = 0;
     for (size_t k = 0; k < refs.size(); ++k) {
-      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())), opts(tol.s));
+      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())),
+                          opts(tol.s, 0, 0, RopeMode::Reposition, tol.group, tol.residual));
       auto got = forced_logits(m, *c, refs[k]);
       for (size_t s = 0; s < got.size(); ++s) {
         float mx = 0, diff = 0;
@@ -150,8 +161,8 @@ TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
       }
     }
     const double rate = double(agree) / steps;
-    std::printf("%s: worst max|dlogit|/max|logit| = %.5f, top-1 agreement %.3f (%d steps)\n",
-                std::string(storage_name(tol.s)).c_str(), worst, rate, steps);
+    std::printf("%s G %d R %d: worst max|dlogit|/max|logit| = %.5f, top-1 agreement %.3f (%d steps)\n",
+                std::string(storage_name(tol.s)).c_str(), int(tol.group), int(tol.residual), worst, rate, steps);
     EXPECT_LE(worst, tol.rel) << storage_name(tol.s);
     EXPECT_GE(rate, tol.top1) << storage_name(tol.s);
   }
@@ -312,9 +323,19 @@ TEST(KiviKeys, PreRopeKeysQuantiseBetterThanRotated) {
 
 // ---------------------------------------------------------------------------
 // Bytes held, from real cache objects, against the formula in docs/CACHE.md:
-//   payload = L * T * H_kv * 2 * row_bytes,  row_bytes = D*4 | D*2 | D*2 | D | ceil(D/2)
-//   scales  = 0 for fp32/fp16/bf16;  int8/int4: L * H_kv * (D * 4  +  T * 4)
+// Simple scheme (--kivi-group 0):
+//   payload = L * T * H_kv * 2 * row_bytes,  row_bytes = D*4 | D*2 | D*2 | D | ceil(D/2) | ceil(D/4)
+//   scales  = 0 for fp32/fp16/bf16;  int8/int4/int2: L * H_kv * (D * 4  +  T * 4)
 //             (K: fp16 scale + zero per (head, channel); V: fp16 scale + zero per (head, token))
+int64_t row_bytes_of(KVStorage st, int64_t D) {
+  switch (st) {
+    case KVStorage::F32: return D * 4;
+    case KVStorage::Int8: return D;
+    case KVStorage::Int4: return (D + 1) / 2;
+    case KVStorage::Int2: return (D + 3) / 4;
+    default: return D * 2;
+  }
+}
 TEST(CacheBytes, MatchFormulaAndIssueNumbers) {
   const Model& m = flagship();
   const int64_t L = 12, H = 8, D = 32;
@@ -322,7 +343,7 @@ TEST(CacheBytes, MatchFormulaAndIssueNumbers) {
   ASSERT_EQ(m.config().n_kv_heads, H);
   ASSERT_EQ(m.config().head_dim, D);
   auto measure = [&](KVStorage st, int64_t T) {
-    auto c = make_cache(m.cache_shape(T), opts(st));
+    auto c = make_cache(m.cache_shape(T), opts(st, 0, 0, RopeMode::Reposition, 0));
     std::vector<float> k(static_cast<size_t>(T * H * D), 0.5f), v(k.size(), -0.25f);
     for (int64_t l = 0; l < L; ++l) c->append(l, k.data(), v.data(), T);
     c->advance(T);
@@ -330,8 +351,8 @@ TEST(CacheBytes, MatchFormulaAndIssueNumbers) {
   };
   for (int64_t T : {128, 256, 384, 500, 1024, 2048})
     for (KVStorage st : kAllStorages) {
-      const int64_t rowb = st == KVStorage::F32 ? D * 4 : st == KVStorage::Int8 ? D : st == KVStorage::Int4 ? (D + 1) / 2 : D * 2;
-      const bool q = st == KVStorage::Int8 || st == KVStorage::Int4;
+      const int64_t rowb = row_bytes_of(st, D);
+      const bool q = is_quantised(st);
       auto [pay, sc] = measure(st, T);
       EXPECT_EQ(pay, size_t(L * T * H * 2 * rowb)) << storage_name(st) << " T=" << T;
       EXPECT_EQ(sc, q ? size_t(L * H * (D * 4 + T * 4)) : 0u) << storage_name(st) << " T=" << T;
@@ -342,6 +363,30 @@ TEST(CacheBytes, MatchFormulaAndIssueNumbers) {
   EXPECT_EQ(measure(KVStorage::Int8, 500).first, 3072000u);
   EXPECT_EQ(measure(KVStorage::Int4, 500).first, 1536000u);
   EXPECT_EQ(measure(KVStorage::Int4, 500).second, 204288u);  // 12*8*(32*4) + 12*8*500*4
+}
+
+// Grouped scheme (default G 32, R 128), T tokens, no sinks: the newest
+// r = T < R+G ? T : R + (T-R) mod G tokens stay fp32 and Q = T - r are quantised:
+//   payload = L * H_kv * 2 * (r * D*4 + Q * row_bytes)
+//   scales  = L * H_kv * ((Q/G) * D * 4  +  Q * 4)     (K per (group, channel), V per token)
+TEST(CacheBytes, GroupedFormula) {
+  const int64_t L = 3, H = 2, D = 32, G = 32, R = 128;
+  KVCacheShape s;
+  s.n_layers = L;
+  s.n_heads = H;
+  s.n_kv_heads = H;
+  s.head_dim = D;
+  for (KVStorage st : {KVStorage::Int8, KVStorage::Int4, KVStorage::Int2})
+    for (int64_t T : {1, 100, 159, 160, 161, 500, 1024}) {
+      s.capacity = T;
+      auto c = make_cache(s, opts(st, 0, 0, RopeMode::Reposition, G, R));
+      std::vector<float> k(static_cast<size_t>(T * H * D), 0.5f), v(k.size(), -0.25f);
+      for (int64_t l = 0; l < L; ++l) c->append(l, k.data(), v.data(), T);
+      const int64_t r = T < R + G ? T : R + (T - R) % G, Q = T - r;
+      EXPECT_EQ(c->payload_bytes(), size_t(L * H * 2 * (r * D * 4 + Q * row_bytes_of(st, D))))
+          << storage_name(st) << " T=" << T;
+      EXPECT_EQ(c->scale_bytes(), size_t(L * H * ((Q / G) * D * 4 + Q * 4))) << storage_name(st) << " T=" << T;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -362,11 +407,25 @@ TEST(CacheOptions, BadInputNamesTheFlag) {
     parse_storage("int3");
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--kv-quantize int3: expected one of fp32, fp16, bf16, int8, int4"),
+    EXPECT_NE(std::string(e.what()).find("--kv-quantize int3: expected one of fp32, fp16, bf16, int8, int4, int2"),
               std::string::npos)
         << e.what();
   }
   EXPECT_THROW(parse_rope_mode("relative"), Error);
+  // KIVI grouping: residual a multiple of the group, no negative values, spelling of int2.
+  expect_error(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, 100), "--kivi-residual 100: expected a multiple of --kivi-group 32");
+  expect_error(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, -1, 0), "--kivi-group -1");
+  expect_error(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, -32), "--kivi-residual -32");
+  validate(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, 0, 100));  // group 0: simple scheme, residual unused
+  EXPECT_EQ(parse_storage("int2"), KVStorage::Int2);
+  for (const char* bad : {"INT2", "i2", "2bit", "int 2"}) {
+    try {
+      parse_storage(bad, "--kv-quantize-v");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--kv-quantize-v ", 0), 0u) << e.what();
+    }
+  }
   EXPECT_EQ(parse_storage("int4"), KVStorage::Int4);
   validate(opts(KVStorage::Int8, 0, 16));  // window without sinks: a plain sliding window, allowed
   EXPECT_NE(describe(opts(KVStorage::Int8, 4, 252)).find("sink 4 + window 252"), std::string::npos);

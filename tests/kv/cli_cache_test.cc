@@ -45,6 +45,14 @@ TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
   expect_error("--streaming-llm-window 0", "--streaming-llm-window: got 0, expected an integer >= 1");
   expect_error("--streaming-llm-sink 4", "--streaming-llm-sink 4 needs --streaming-llm-window");
   expect_error("--streaming-llm-rope relative", "--streaming-llm-rope: got relative");
+  // Grouped KIVI, int2 and asymmetric K/V flags.
+  expect_error("--kv-quantize INT2", "--kv-quantize: got INT2, expected one of fp32, fp16, bf16, int8, int4, int2");
+  expect_error("--kv-quantize-k int3", "--kv-quantize-k: got int3, expected one of");
+  expect_error("--kv-quantize-v 2bit", "--kv-quantize-v: got 2bit, expected one of");
+  expect_error("--kivi-group -1", "--kivi-group: got -1");
+  expect_error("--kivi-residual -8", "--kivi-residual: got -8");
+  expect_error("--kv-quantize int4 --kivi-group 32 --kivi-residual 100",
+               "--kivi-residual 100: expected a multiple of --kivi-group 32");
 }
 
 // stories260K has a 512-token context: unbounded stops there with a note,

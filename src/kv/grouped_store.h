@@ -1,0 +1,92 @@
+// Grouped KIVI storage (the KIVI paper's layout) of one layer's K or V, and
+// the fused attention kernels that read it without dequantising.
+//
+// Per head, the stored tokens are, in slot order:
+//
+//   [ sinks: first `sink` tokens, fp32 ][ quantised groups ][ residual: newest tokens, fp32 ]
+//
+// A token enters the sinks (while fewer than `sink` are held) or the residual.
+// When the residual reaches R + G tokens its oldest G are quantised as one
+// group and leave it, so the newest R..R+G-1 tokens are always full precision.
+// A quantised token is never touched again: K parameters are per (group,
+// channel) over that group's G tokens, V parameters per token; later appends
+// do not change them or the codes.
+//
+// Eviction (StreamingLLM's one-token slide, or a window layer's prefix drop)
+// removes the oldest non-sink tokens. A K group that loses some of its tokens
+// is *sliced*: the kept tokens keep their codes and the group's parameters,
+// which were chosen over a superset of them and so still cover them. No
+// masking, no re-quantisation, and the stored count stays exactly N + M.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_store.h"
+
+namespace ptllm {
+
+class GroupedKiviStore : public KVStore {
+ public:
+  enum class Axis { PerChannel, PerToken };  // K, V
+  GroupedKiviStore(Axis axis, kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim, int64_t sink,
+                   int64_t group, int64_t residual);
+
+  void append(const float* x, int64_t n) override;
+  // [begin, end) must start at the first non-sink slot (begin == n_sink()).
+  void evict(int64_t begin, int64_t end) override;
+  void read(int64_t head, float* out) const override;
+  size_t payload_bytes() const override;
+  size_t scale_bytes() const override;
+  void clear() override;
+
+  Axis axis() const { return axis_; }
+  kivi::QuantRange range() const { return r_; }
+  int64_t group() const { return group_; }
+  int64_t n_sink() const { return n_sink_; }
+  int64_t n_quant() const { return n_quant_; }
+  int64_t n_resid() const { return n_res_; }
+  // Tokens in each quantised K group, oldest first (the oldest may be sliced).
+  const std::vector<int64_t>& group_sizes() const { return group_len_; }
+  // Packed codes of the quantised tokens of `head`: [n_quant, row_bytes()].
+  const uint8_t* codes(int64_t head) const { return codes_.data() + size_t(head * capacity_) * row_; }
+  size_t row_bytes() const { return row_; }
+  // K: parameters of group g, [head_dim]. V: parameters of quantised token t.
+  const kivi::AffineParams* group_params(int64_t head, int64_t g) const {
+    return params_.data() + size_t((head * max_groups_ + g) * head_dim_);
+  }
+  const kivi::AffineParams& token_params(int64_t head, int64_t t) const {
+    return params_[size_t(head * capacity_ + t)];
+  }
+  const float* sink_rows(int64_t head) const { return sink_.data() + size_t(head * sink_cap_ * head_dim_); }
+  const float* resid_rows(int64_t head) const { return res_.data() + size_t(head * res_cap_ * head_dim_); }
+
+ private:
+  void flush_group();  // quantises the oldest G residual tokens
+
+  Axis axis_;
+  kivi::QuantRange r_;
+  int64_t sink_cap_, group_, residual_, res_cap_, max_groups_;
+  size_t row_;
+  int64_t n_sink_ = 0, n_quant_ = 0, n_res_ = 0;
+  std::vector<float> sink_, res_;          // [n_heads, sink_cap, hd], [n_heads, res_cap, hd]
+  std::vector<uint8_t> codes_;             // [n_heads, capacity, row]
+  std::vector<kivi::AffineParams> params_; // K: [n_heads, max_groups, hd]; V: [n_heads, capacity]
+  std::vector<int64_t> group_len_;         // K: tokens per live group, oldest first
+};
+
+// Fused attention on grouped storage. q: one query head, already rotated.
+// Key slot t (t < len) is rotated by (kcos, ksin) row t ([len, head_dim/2]
+// each) at read time: keys are stored before RoPE. With the rotate-half
+// layout, for channel pair (i, i+h) and k = s*u + z,
+//   q . R(t) k = sum_i cos_ti (q_i k_i + q_{i+h} k_{i+h}) + sin_ti (q_{i+h} k_i - q_i k_{i+h})
+// so each group's scales and zeros are folded into the query once
+// (P = q_i s_i, Q = q_{i+h} s_{i+h}, X = q_{i+h} s_i, Y = q_i s_{i+h} and two
+// zero terms) and every token costs a few multiply-adds per code: no
+// dequantised K is ever written. scores[t] = scale * q . R(t) k_t.
+void fused_key_scores(const GroupedKiviStore& k, int64_t head, const float* q, int64_t len, const float* kcos,
+                      const float* ksin, float scale, float* scores);
+// out[hd] = sum_t p[t] v_t over slots t < len, straight from the codes:
+// sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + (sum_t p_t z_t).
+void fused_value_sum(const GroupedKiviStore& v, int64_t head, const float* p, int64_t len, float* out);
+
+}  // namespace ptllm
