@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kv/grouped_store.h"
 #include "ops/ops.h"
 
 namespace ptllm {
@@ -37,12 +38,20 @@ StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheOptions& o) : K
     fail("KV cache: head_dim {} (expected even and <= {})", s.head_dim, kMaxHeadDim);
   if (s.n_kv_heads < 1 || s.n_heads % s.n_kv_heads != 0)
     fail("KV cache: {} query heads is not a multiple of {} KV heads", s.n_heads, s.n_kv_heads);
+  // Sinks are only full-precision "sinks" in a StreamingLLM cache.
+  const int64_t sink = o.streaming() ? o.sink : 0;
   for (int64_t l = 0; l < s.n_layers; ++l) {
-    k_.push_back(make_key_store(o.storage, s.n_kv_heads, s.capacity, s.head_dim));
-    v_.push_back(make_value_store(o.storage, s.n_kv_heads, s.capacity, s.head_dim));
+    k_.push_back(make_store(true, o, sink, s.n_kv_heads, s.capacity, s.head_dim));
+    v_.push_back(make_store(false, o, sink, s.n_kv_heads, s.capacity, s.head_dim));
+    kg_.push_back(dynamic_cast<const GroupedKiviStore*>(k_.back().get()));
+    vg_.push_back(dynamic_cast<const GroupedKiviStore*>(v_.back().get()));
     pos_.emplace_back();
     pos_.back().reserve(size_t(s.capacity));
   }
+  // Quantised keys are stored un-rotated in both RoPE modes: per-channel
+  // statistics of pre-RoPE keys are stable, rotated ones mix channel pairs by
+  // position. `absolute` then rotates each key at its original position at read time.
+  keys_prerope_ = o.rope_mode == RopeMode::Reposition || is_quantised(o.k_storage());
   if (o.rope_mode == RopeMode::Reposition) {
     const int64_t half = s.head_dim / 2;
     cos_.resize(size_t(s.capacity * half));
@@ -87,7 +96,7 @@ void StorageKVCache::append(int64_t layer, const float* k, const float* v, int64
     p.erase(p.begin() + begin, p.begin() + end);
   }
   const int64_t row = s.n_kv_heads * s.head_dim;
-  if (opt_.rope_mode == RopeMode::Absolute) {
+  if (!keys_prerope_) {
     // Keys keep the rotation of their original position.
     std::vector<float> rk(k, k + n * row);
     for (int64_t t = 0; t < n; ++t) rope_.apply(rk.data() + t * row, s.n_kv_heads, double(position_ + t));
@@ -107,6 +116,8 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   const bool reposition = opt_.rope_mode == RopeMode::Reposition;
   const KVStore& ks = *k_[size_t(layer)];
   const KVStore& vs = *v_[size_t(layer)];
+  const GroupedKiviStore* kg = kg_[size_t(layer)];
+  const GroupedKiviStore* vg = vg_[size_t(layer)];
   const int64_t* kp = pos_[size_t(layer)].data();
   const int64_t window = s.window_of(layer);
 
@@ -120,43 +131,94 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
       rope_.cos_sin(double(position_ + i), &qcos[size_t(i * half)], &qsin[size_t(i * half)]);
     }
   }
-
-  // Phase 1, parallel over KV heads: each head's keys and values as fp32
-  // (dequantised / widened), keys rotated at their slot when repositioning.
-  std::vector<const float*> K(static_cast<size_t>(KVH)), V(static_cast<size_t>(KVH));
-#pragma omp parallel for schedule(static) if (KVH > 1)
-  for (int64_t h = 0; h < KVH; ++h) {
-    float* kb = kbuf_.data() + h * s.capacity * hd;
-    float* vb = vbuf_.data() + h * s.capacity * hd;
-    const float* kd = ks.fp32_rows(h);
-    if (reposition || !kd) {
-      ks.read(h, kb);
-      if (reposition)
-        for (int64_t t = 0; t < len; ++t) rope_.apply(kb + t * hd, 1, &cos_[size_t(t * half)], &sin_[size_t(t * half)]);
-      kd = kb;
+  // Keys' read-time rotation, [len, half] each: their slot (reposition) or,
+  // for pre-RoPE keys in absolute mode, their original position.
+  const float* kcos = cos_.data();
+  const float* ksin = sin_.data();
+  if (!reposition && keys_prerope_) {
+    // Every layer of a bounded cache holds the same positions: computed once per step.
+    const auto& pv = pos_[size_t(layer)];
+    if (abs_pos_ != pv) {
+      abs_cos_.resize(size_t(len * half));
+      abs_sin_.resize(abs_cos_.size());
+      for (int64_t t = 0; t < len; ++t)
+        rope_.cos_sin(double(pv[size_t(t)]), &abs_cos_[size_t(t * half)], &abs_sin_[size_t(t * half)]);
+      abs_pos_ = pv;
     }
-    const float* vd = vs.fp32_rows(h);
-    if (!vd) {
-      vs.read(h, vb);
-      vd = vb;
-    }
-    K[size_t(h)] = kd;
-    V[size_t(h)] = vd;
+    kcos = abs_cos_.data();
+    ksin = abs_sin_.data();
   }
 
-  // Phase 2, parallel over (query, head): softmax attention on fp32 only.
+  // Phase 1, parallel over KV heads: heads of non-grouped stores as fp32
+  // (dequantised / widened), pre-RoPE keys rotated. Grouped KIVI stores are
+  // read by the fused kernels in phase 2 instead (nothing is dequantised).
+  std::vector<const float*> K(static_cast<size_t>(KVH)), V(static_cast<size_t>(KVH));
+  if (!kg || !vg) {
+#pragma omp parallel for schedule(static) if (KVH > 1)
+    for (int64_t h = 0; h < KVH; ++h) {
+      if (!kg) {
+        float* kb = kbuf_.data() + h * s.capacity * hd;
+        const float* kd = ks.fp32_rows(h);
+        if (keys_prerope_ || !kd) {
+          ks.read(h, kb);
+          if (keys_prerope_)
+            for (int64_t t = 0; t < len; ++t) rope_.apply(kb + t * hd, 1, kcos + t * half, ksin + t * half);
+          kd = kb;
+        }
+        K[size_t(h)] = kd;
+      }
+      if (!vg) {
+        float* vb = vbuf_.data() + h * s.capacity * hd;
+        const float* vd = vs.fp32_rows(h);
+        if (!vd) {
+          vs.read(h, vb);
+          vd = vb;
+        }
+        V[size_t(h)] = vd;
+      }
+    }
+  }
+
+  // Phase 2, parallel over (query, head): softmax attention; scores and the
+  // weighted sum come from fp32 rows or straight from grouped codes.
   const int64_t qstride = s.n_heads * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel
   {
     std::vector<float> qr(static_cast<size_t>(hd)), scores(static_cast<size_t>(std::max<int64_t>(len, 1)));
 #pragma omp for schedule(static)
     for (int64_t ih = 0; ih < n * s.n_heads; ++ih) {
       const int64_t i = ih / s.n_heads, h = ih % s.n_heads, kvh = h / group;
+      float* o = out + i * qstride + h * hd;
       std::copy_n(q + i * qstride + h * hd, hd, qr.data());
       rope_.apply(qr.data(), 1, &qcos[size_t(i * half)], &qsin[size_t(i * half)]);
       // Causal by slot: query i sees slots 0..first+i.
-      attend_head(qr.data(), K[size_t(kvh)], V[size_t(kvh)], first + i + 1, hd, kp, kp[first + i], window,
-                  scores.data(), out + i * qstride + h * hd);
+      const int64_t li = first + i + 1, q_pos = kp[first + i];
+      if (kg)
+        fused_key_scores(*kg, kvh, qr.data(), li, kcos, ksin, scale, scores.data());
+      else
+        for (int64_t t = 0; t < li; ++t) scores[size_t(t)] = ops::dot_f32(qr.data(), K[size_t(kvh)] + t * hd, hd) * scale;
+      bool any = false;
+      for (int64_t t = 0; t < li; ++t) {
+        const int64_t p = kp[t];
+        if (p <= q_pos && (window <= 0 || p > q_pos - window))
+          any = true;
+        else
+          scores[size_t(t)] = -INFINITY;
+      }
+      if (!any) {
+        std::fill(o, o + hd, 0.f);
+        continue;
+      }
+      ops::softmax(scores.data(), li);
+      if (vg) {
+        fused_value_sum(*vg, kvh, scores.data(), li, o);
+      } else {
+        std::fill(o, o + hd, 0.f);
+        const float* vd = V[size_t(kvh)];
+        for (int64_t t = 0; t < li; ++t)
+          if (scores[size_t(t)] != 0.f) ops::axpy(scores[size_t(t)], vd + t * hd, o, hd);
+      }
     }
   }
 }
@@ -190,6 +252,7 @@ void StorageKVCache::clear() {
   for (auto& k : k_) k->clear();
   for (auto& v : v_) v->clear();
   for (auto& p : pos_) p.clear();
+  abs_pos_.clear();
 }
 
 std::vector<float> StorageKVCache::read_keys(int64_t layer, int64_t head) const {

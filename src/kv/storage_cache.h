@@ -7,7 +7,10 @@
 // read time at their slot 0..len-1, the query at its own slot; without
 // eviction slot == position, so an unbounded cache gives the exact absolute
 // result. With `absolute` keys are rotated at their original position before
-// they are stored and the query uses its absolute position.
+// they are stored (fp32/fp16/bf16 K) or, for quantised K, stored un-rotated and
+// rotated at their original position at read time; the query uses its
+// absolute position. Grouped KIVI stores are attended by fused kernels
+// straight from their codes (grouped_store.h).
 #pragma once
 #include <memory>
 #include <vector>
@@ -16,6 +19,8 @@
 #include "kv/kv_store.h"
 
 namespace ptllm {
+
+class GroupedKiviStore;
 
 class StorageKVCache : public KVCache {
  public:
@@ -42,6 +47,13 @@ class StorageKVCache : public KVCache {
  private:
   CacheOptions opt_;
   std::vector<std::unique_ptr<KVStore>> k_, v_;  // per layer
+  // The same stores when they are grouped KIVI (read by the fused kernels), else nullptr.
+  std::vector<const GroupedKiviStore*> kg_, vg_;
+  // Keys stored before RoPE (reposition, or any quantised K) and rotated at read time.
+  bool keys_prerope_ = true;
+  // Absolute mode with pre-RoPE keys: cos/sin of the stored positions abs_pos_, [len, head_dim/2].
+  std::vector<int64_t> abs_pos_;
+  std::vector<float> abs_cos_, abs_sin_;
   std::vector<std::vector<int64_t>> pos_;        // per layer: absolute position of each slot
   // Reposition: cos/sin of every slot position 0..capacity-1, [capacity, head_dim/2] each,
   // computed once so decoding does no sincos.
