@@ -24,7 +24,11 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    // MAP_POPULATE faults every page in now: weights are all read on the first
+    // token anyway, and a process whose resident size is fixed after loading
+    // is what a memory-bounded run needs to see (no RSS creep as new
+    // embedding rows are touched thousands of tokens in).
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
       ::close(fd);
       fail("{}: mmap failed ({})", path, std::strerror(errno));
