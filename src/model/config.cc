@@ -133,6 +133,11 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& where) {
     return parse_hf_config_json(text, where);
   } catch (const json::exception& e) {
     fail("{}: malformed config ({})", where, e.what());
+  } catch (const Error& e) {
+    // Messages echo strings from the file (model_type, rope type): keep them one line.
+    std::string m;
+    for (char ch : std::string_view(e.what())) m += ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : std::string(1, ch);
+    throw Error(m);
   }
 }
 

@@ -668,6 +668,12 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
     check_ids(t.post, check_ids);
   } catch (const json::exception& e) {
     fail("{}: malformed tokenizer JSON ({})", where, e.what());
+  } catch (const Error& e) {
+    // Messages echo strings from the file (component types, pieces), which may
+    // hold newlines: escape them so the error stays one line (fuzz_tokenizer_json).
+    std::string m;
+    for (char ch : std::string_view(e.what())) m += ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : std::string(1, ch);
+    throw Error(m);
   }
   return impl;
 }

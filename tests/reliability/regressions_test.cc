@@ -107,6 +107,16 @@ TEST(Regression, StreamDecoderMatchesDecodeWithStripStartAboveOne) {
   EXPECT_EQ(t.decode(std::vector<int32_t>{0, 0, 0, 1}), " o");
 }
 
+// Finding (fuzz_tokenizer_json re-run, 207,975 runs in): a component type
+// holding a newline ("Sequ\nce") was echoed into a two-line error message.
+// expect_error checks the message is one line.
+TEST(Regression, ErrorsEchoingFileStringsStayOneLine) {
+  expect_error([&] { Tokenizer::from_json(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"Sequ\nce"}})"); },
+               "unsupported normalizer 'Sequ\\nce'");
+  expect_error([&] { parse_hf_config(R"({"model_type":"lla\nma"})", "config.json"); },
+               "unsupported architecture model_type \"lla\\nma\"");
+}
+
 // ------------------------------------------------------------------- config
 // Finding (crafted input, ASan stack-overflow in fuzz_hf_config): the error
 // for an unsupported hidden_act echoed the value with json::dump(), which
