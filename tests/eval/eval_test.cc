@@ -7,11 +7,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sys/wait.h>
 
 #include "core/error.h"
 #include "engine/session.h"
 #include "eval/perplexity.h"
 #include "eval/report.h"
+#include "eval/sweep.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -275,6 +277,97 @@ TEST(Perplexity, FlagshipHeldoutMatchesTransformers) {
   auto f4 = eval::score_windows(*lm.model, few, eval::Path::Full, fp32);
   auto c4 = eval::score_windows(*lm.model, few, eval::Path::Cache, fp32);
   EXPECT_NEAR(c4.total.ppl() / f4.total.ppl(), 1.0, 1e-4);
+}
+
+}  // namespace
+}  // namespace ptllm
+
+// ---- Sweeps and the CLI -----------------------------------------------------
+
+namespace ptllm {
+namespace {
+
+TEST(Sweep, PairsSinkWithWindowAndCrossesStorageAndRope) {
+  eval::SweepFlags f;
+  f.kv_quantize = "fp32, int8";
+  f.sink = "0,0,4";
+  f.window = "0,256,252";
+  f.rope = "absolute,reposition";
+  auto s = eval::expand_sweep(f);
+  // (0,0) unbounded: RoPE mode is irrelevant, so 2 storages; (0,256) and (4,252): 2 ropes x 2 storages each.
+  ASSERT_EQ(s.size(), 2u + 4u + 4u);
+  EXPECT_EQ(s[0].window, 0);
+  EXPECT_EQ(s[1].storage, KVStorage::Int8);
+  EXPECT_EQ(s[2].window, 256);
+  EXPECT_EQ(s[2].rope_mode, RopeMode::Absolute);
+  EXPECT_EQ(s[9].sink, 4);
+  EXPECT_EQ(s[9].rope_mode, RopeMode::Reposition);
+  EXPECT_EQ(eval::short_label(s[9]), "int8 · sink 4 + window 252 · reposition");
+  EXPECT_EQ(eval::expand_sweep({}).size(), 1u);  // the plain fp32 cache
+  f.window = "0,256";
+  EXPECT_THROW(eval::expand_sweep(f), Error);  // 3 sinks, 2 windows
+  EXPECT_THROW(eval::expand_sweep({"int9", "", "", ""}), Error);
+  EXPECT_THROW(eval::expand_sweep({"", "x", "", ""}), Error);
+  EXPECT_THROW(eval::expand_sweep({"", "4", "", ""}), Error);  // a sink without a window bounds nothing
+}
+
+struct CliResult {
+  int status;
+  std::string out;
+};
+
+CliResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(PTLLM_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+void expect_cli_error(const std::string& args, const std::string& needle) {
+  CliResult r = run_cli(args);
+  EXPECT_NE(r.status, 0) << args;
+  EXPECT_LT(r.status, 128) << "crashed: " << args;
+  EXPECT_NE(r.out.find("error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << args << "\n" << r.out;
+}
+
+TEST(Cli, PerplexityRejectsBadInputWithOneLine) {
+  const std::string m = kStories + " --threads 1 -q";
+  expect_cli_error("perplexity " + m + " " + temp_file("cli_empty.txt", ""), "empty");
+  expect_cli_error("perplexity " + m + " /nonexistent/book.txt", "/nonexistent/book.txt");
+  expect_cli_error("perplexity " + m + " --ids-file " + temp_file("cli_oov.json", "[[1, 2, 512]]"),
+                   "outside the vocabulary");
+  expect_cli_error("perplexity " + m + " --ids-file " + temp_file("cli_ok.json", "[[1, 2, 3]]") + " --window 1",
+                   "--window 1");
+  expect_cli_error("perplexity " + m + " --ids-file " + temp_file("cli_ok.json", "[[1, 2, 3]]") + " --window 8",
+                   "fewer than one --window");
+  expect_cli_error("perplexity " + m + " --ids-file " + temp_file("cli_ok.json", "[[1, 2, 3]]") + " --stream 1",
+                   "--stream 1");
+  expect_cli_error("perplexity " + m, "either text files or --ids-file");
+  expect_cli_error("compare " + m + " --prompts /nonexistent/prompts.txt", "/nonexistent/prompts.txt");
+}
+
+TEST(Cli, PerplexityJsonAgreesAcrossPathsOnStories) {
+  const std::string ids = temp_file("cli_ids.json", "[[1, 403, 407, 261, 378, 416, 280, 379, 264, 290, 260, 313, 268]]");
+  CliResult r = run_cli("perplexity " + kStories + " --ids-file " + ids +
+                        " --window 6 --through-cache --json --threads 1 -q 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 1u);
+  const auto& res = j["results"][0];
+  EXPECT_EQ(res["full_forward"]["predictions"], 10);  // 2 windows x 5
+  EXPECT_NEAR(res["through_cache"]["ppl"].get<double>() / res["full_forward"]["ppl"].get<double>(), 1.0, 1e-4);
+  // Stream mode with a bounded cache: stored tokens never exceed sink + window.
+  r = run_cli("perplexity " + kStories + " --ids-file " + ids +
+              " --stream 13 --streaming-llm-sink 1 --streaming-llm-window 3 --json --threads 1 -q 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_LE(j["results"][0]["through_cache"]["max_stored_tokens"].get<int64_t>(), 4);
+  EXPECT_EQ(j["results"][0]["through_cache"]["predictions"], 12);
 }
 
 }  // namespace
