@@ -176,6 +176,17 @@ struct Ctx {
   mutable int depth = 0;
 };
 
+// A token id from the file: an integer in [0, id_limit). json::get<int32_t>()
+// on a float such as 1e108 is an out-of-range conversion (UB, found by
+// fuzz_tokenizer_json), so the type and range are checked first.
+int32_t get_id(const json& v, const Ctx& c, const char* what) {
+  if (!v.is_number_integer()) fail("{}: {} must be an integer token id", c.where, what);
+  const int64_t id = v.get<int64_t>();
+  if (id < 0 || id >= c.id_limit)
+    fail("{}: {} {} is out of range (expected 0..{} for a tokenizer.json of this size)", c.where, what, id, c.id_limit - 1);
+  return int32_t(id);
+}
+
 constexpr int kMaxNesting = 64;
 struct Nest {
   const Ctx& c;
@@ -360,7 +371,7 @@ PostProcessor parse_post(const json& j, const Ctx& c) {
         if (!specials.contains(name))
           fail("{}: TemplateProcessing uses special token '{}' missing from special_tokens", c.where, name);
         auto& dst = seen_a ? p.suffix : p.prefix;
-        for (const json& id : specials[name].at("ids")) dst.push_back(id.get<int32_t>());
+        for (const json& id : specials[name].at("ids")) dst.push_back(get_id(id, c, "TemplateProcessing special token id"));
       } else {
         fail("{}: TemplateProcessing item must be Sequence or SpecialToken", c.where);
       }
@@ -374,8 +385,8 @@ PostProcessor parse_post(const json& j, const Ctx& c) {
     for (const json& k : j.at("processors")) p.children.push_back(parse_post(k, c));
   } else if (t == "BertProcessing" || t == "RobertaProcessing") {
     p.kind = PostProcessor::Kind::Bert;
-    p.prefix.push_back(j.at("cls").at(1).get<int32_t>());
-    p.suffix.push_back(j.at("sep").at(1).get<int32_t>());
+    p.prefix.push_back(get_id(j.at("cls").at(1), c, "post_processor cls id"));
+    p.suffix.push_back(get_id(j.at("sep").at(1), c, "post_processor sep id"));
   } else {
     fail("{}: unsupported post_processor '{}' (supported: {})", c.where, t, kPostProcessors);
   }
@@ -559,7 +570,9 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (const json& a : j["added_tokens"]) {
         AddedToken tok;
-        tok.id = a.at("id").get<int32_t>();
+        if (!a.at("id").is_number_integer()) fail("{}: added token id must be an integer", where);
+        const int64_t raw_id = a.at("id").get<int64_t>();
+        tok.id = int32_t(std::clamp<int64_t>(raw_id, -1, c.id_limit));  // range-checked below
         tok.content = a.at("content").get<std::string>();
         tok.special = get_bool(a, "special", false);
         tok.normalized = get_bool(a, "normalized", !tok.special);
@@ -569,7 +582,7 @@ std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view con
         if (tok.id < 0) fail("{}: added token '{}' has negative id", where, tok.content);
         if (tok.id >= c.id_limit)
           fail("{}: added token '{}' id {} is out of range (expected 0..{} for a tokenizer.json of this size)", where,
-               tok.content, tok.id, c.id_limit - 1);
+               tok.content, raw_id, c.id_limit - 1);
         if (tok.content.empty()) continue;  // HF ignores empty added tokens
         max_id = std::max(max_id, tok.id);
         t.added.push_back(std::move(tok));

@@ -117,6 +117,19 @@ TEST(Regression, ErrorsEchoingFileStringsStayOneLine) {
                "unsupported architecture model_type \"lla\\nma\"");
 }
 
+// Finding (fuzz_tokenizer_json, UBSan): a TemplateProcessing special-token id
+// 1.2e108 went through json::get<int32_t>() (float -> int out of range).
+TEST(Regression, TokenizerFloatIdsAreErrors) {
+  const std::string tpl =
+      R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"post_processor":{"type":"TemplateProcessing",)"
+      R"("single":[{"SpecialToken":{"id":"<s>"}},{"Sequence":{"id":"A"}}],"special_tokens":{"<s>":{"ids":[1.22222e108]}}}})";
+  expect_error([&] { Tokenizer::from_json(tpl); }, "TemplateProcessing special token id must be an integer token id");
+  expect_error([&] { Tokenizer::from_json(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":3e10,"content":"x"}]})"); },
+               "added token id must be an integer");
+  expect_error([&] { Tokenizer::from_json(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":-5,"content":"x"}]})"); },
+               "added token 'x' has negative id");
+}
+
 // ------------------------------------------------------------------- config
 // Finding (crafted input, ASan stack-overflow in fuzz_hf_config): the error
 // for an unsupported hidden_act echoed the value with json::dump(), which
