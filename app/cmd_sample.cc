@@ -177,6 +177,8 @@ void add_sample_command(CLI::App& root) {
                     {"stored_tokens", max_stored},
                     {"stored_tokens_per_layer", stored},
                     {"position", cache_ref.position()},
+                    {"kv_layers", cfg.n_cache_layers()},
+                    {"model_layers", cfg.n_layers},
                     {"peak_rss_kib", peak_rss_kib()},
                     {"anon_rss_kib", anon_rss_kib()}};
       fmt::print("{}\n", j.dump(2));
@@ -200,9 +202,11 @@ void add_sample_command(CLI::App& root) {
       if (max_stored != cache_ref.position())
         where = fmt::format("position {} ({} generated) · {}{}", cache_ref.position(), st.generated_tokens, where,
                             cache_ref.bounded() ? " (StreamingLLM cap)" : "");
-      fmt::print(stderr, "kv cache {} bytes = {} payload + {} scales · {} · peak RSS {} KiB\n",
+      // YOCO: say how many layers' worth of K/V exist at all (the depth saving).
+      const std::string layers = cfg.yoco() ? fmt::format(" · {} of {} layers hold K/V (YOCO)", cfg.n_cache_layers(), cfg.n_layers) : "";
+      fmt::print(stderr, "kv cache {} bytes = {} payload + {} scales · {}{} · peak RSS {} KiB\n",
                  cache_ref.payload_bytes() + cache_ref.scale_bytes(), cache_ref.payload_bytes(),
-                 cache_ref.scale_bytes(), where, peak_rss_kib());
+                 cache_ref.scale_bytes(), where, layers, peak_rss_kib());
     }
   });
 }
