@@ -38,14 +38,14 @@ section() {
   case $1 in
     flagship-window) run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache ;;
     flagship-window-kv)
-      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows 64 --cache-only \
-        --kv-quantize fp16,bf16,int8,int4 ;;
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows "${KV_WINDOWS:-4}" --cache-only \
+        --kv-quantize fp32,fp16,bf16,int8,int4 ;;
     flagship-stream)
       # One book (Alice, the shortest) to fit the 2-core machine's time; N tokens from its start.
       run "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32 \
         --plot docs/eval_stream_flagship.svg
       run "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
-        --streaming-llm-rope absolute,reposition --kv-quantize int8,int4 ;;
+        --streaming-llm-rope absolute,reposition --kv-quantize fp32,int8,int4 ;;
     flagship-8k)
       # Twice, to show the result is deterministic; memory stays flat (max stored <= sink + window).
       for r in a b; do
@@ -70,7 +70,7 @@ section() {
       run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 \
         --plot docs/eval_stream_stories.svg
       run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
-        --streaming-llm-rope absolute --kv-quantize fp32,int8,int4 ;;
+        --streaming-llm-rope absolute,reposition --kv-quantize fp32,int8,int4 ;;
     stories-compare)
       run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4 ;;
     *) echo "unknown section $1" >&2; exit 1 ;;
