@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include <CLI/CLI.hpp>
@@ -10,14 +11,22 @@
 #include "core/error.h"
 
 namespace {
-// libgomp spin-waits by default, and reads its wait policy once, when it is
-// loaded. On a machine whose cores are shared that spinning collapses
-// throughput (flagship-27m decode at load average 14: 3 tokens/s spinning, 259
-// passive), so unless the user chose a policy we choose "passive" and restart
-// ourselves once for it to take effect. OMP_WAIT_POLICY=active restores
-// spinning for dedicated machines.
+// libgomp spin-waits between parallel regions, and reads its wait policy once,
+// when it is loaded. Measured on 2 cores with flagship-27m (docs/BENCHMARKS.md):
+// idle, spinning decodes 880 tokens/s and sleeping ("passive") 116; at load
+// average 14, spinning collapses to 3 tokens/s and passive keeps 259. So when
+// the user chose no policy we look at the load once at start-up: if the cores
+// are already busy we choose passive and restart ourselves once for libgomp
+// to see it; otherwise libgomp's default (spin) stays.
 void choose_omp_wait_policy(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  double load = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+    std::fclose(f);
+  }
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores <= 0 || load < 0.75 * double(cores)) return;
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
   ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
 }
