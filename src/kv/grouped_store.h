@@ -13,8 +13,9 @@
 // do not change them or the codes.
 //
 // Eviction (StreamingLLM's one-token slide, or a window layer's prefix drop)
-// removes the oldest non-sink tokens. A K group that loses some of its tokens
-// is *sliced*: the kept tokens keep their codes and the group's parameters,
+// removes the oldest non-sink tokens. Quantised rows (and V's per-token
+// parameters) live in a RowRing, so evicting them moves the ring's start and
+// copies nothing. A K group that loses some of its tokens is *sliced*: the kept tokens keep their codes and the group's parameters,
 // which were chosen over a superset of them and so still cover them. No
 // masking, no re-quantisation, and the stored count stays exactly N + M.
 #pragma once
@@ -47,16 +48,23 @@ class GroupedKiviStore : public KVStore {
   int64_t n_resid() const { return n_res_; }
   // Tokens in each quantised K group, oldest first (the oldest may be sliced).
   const std::vector<int64_t>& group_sizes() const { return group_len_; }
-  // Packed codes of the quantised tokens of `head`: [n_quant, row_bytes()].
-  const uint8_t* codes(int64_t head) const { return codes_.data() + size_t(head * capacity_) * row_; }
+  // Packed codes of quantised token t (0 = oldest) of `head`: row_bytes() bytes.
+  const uint8_t* code_row(int64_t head, int64_t t) const {
+    return codes_.data() + size_t(head * capacity_ + qring_.phys(t)) * row_;
+  }
+  // All code rows of `head`, [capacity, row_bytes()]; token t is at row ring().phys(t).
+  const uint8_t* code_base(int64_t head) const { return codes_.data() + size_t(head * capacity_) * row_; }
+  const RowRing& ring() const { return qring_; }
   size_t row_bytes() const { return row_; }
   // K: parameters of group g, [head_dim]. V: parameters of quantised token t.
   const kivi::AffineParams* group_params(int64_t head, int64_t g) const {
     return params_.data() + size_t((head * max_groups_ + g) * head_dim_);
   }
   const kivi::AffineParams& token_params(int64_t head, int64_t t) const {
-    return params_[size_t(head * capacity_ + t)];
+    return params_[size_t(head * capacity_ + qring_.phys(t))];
   }
+  // V: parameters of every row of `head`, indexed like code_base() rows.
+  const kivi::AffineParams* token_param_base(int64_t head) const { return params_.data() + head * capacity_; }
   const float* sink_rows(int64_t head) const { return sink_.data() + size_t(head * sink_cap_ * head_dim_); }
   const float* resid_rows(int64_t head) const { return res_.data() + size_t(head * res_cap_ * head_dim_); }
 
@@ -68,23 +76,25 @@ class GroupedKiviStore : public KVStore {
   int64_t sink_cap_, group_, residual_, res_cap_, max_groups_;
   size_t row_;
   int64_t n_sink_ = 0, n_quant_ = 0, n_res_ = 0;
+  RowRing qring_;                          // quantised rows: count == n_quant_
   std::vector<float> sink_, res_;          // [n_heads, sink_cap, hd], [n_heads, res_cap, hd]
-  std::vector<uint8_t> codes_;             // [n_heads, capacity, row]
-  std::vector<kivi::AffineParams> params_; // K: [n_heads, max_groups, hd]; V: [n_heads, capacity]
+  std::vector<uint8_t> codes_;             // [n_heads, capacity, row], rows in qring_ order
+  std::vector<kivi::AffineParams> params_; // K: [n_heads, max_groups, hd]; V: [n_heads, capacity] like codes_
   std::vector<int64_t> group_len_;         // K: tokens per live group, oldest first
 };
 
 // Fused attention on grouped storage. q: one query head, already rotated.
-// Key slot t (t < len) is rotated by (kcos, ksin) row t ([len, head_dim/2]
-// each) at read time: keys are stored before RoPE. With the rotate-half
+// Key slot t is rotated by (kcos, ksin) row t ([>= end, head_dim/2] each) at
+// read time: keys are stored before RoPE. Scores are written for slots
+// [begin, end) only (the caller rotates q per run of slots, storage_cache.cc). With the rotate-half
 // layout, for channel pair (i, i+h) and k = s*u + z,
 //   q . R(t) k = sum_i cos_ti (q_i k_i + q_{i+h} k_{i+h}) + sin_ti (q_{i+h} k_i - q_i k_{i+h})
 // so each group's scales and zeros are folded into the query once
 // (P = q_i s_i, Q = q_{i+h} s_{i+h}, X = q_{i+h} s_i, Y = q_i s_{i+h} and two
 // zero terms) and every token costs a few multiply-adds per code: no
 // dequantised K is ever written. scores[t] = scale * q . R(t) k_t.
-void fused_key_scores(const GroupedKiviStore& k, int64_t head, const float* q, int64_t len, const float* kcos,
-                      const float* ksin, float scale, float* scores);
+void fused_key_scores(const GroupedKiviStore& k, int64_t head, const float* q, int64_t begin, int64_t end,
+                      const float* kcos, const float* ksin, float scale, float* scores);
 // out[hd] = sum_t p[t] v_t over slots t < len, straight from the codes:
 // sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + (sum_t p_t z_t).
 void fused_value_sum(const GroupedKiviStore& v, int64_t head, const float* p, int64_t len, float* out);

@@ -33,52 +33,109 @@ void widen_f16(const uint16_t* src, float* dst, int64_t n) {
 }
 
 // fp32 / fp16 / bf16 rows: a plain cast of each value. Elem is float or uint16_t.
+// Per head, rows [0, sink) hold the sinks (never evicted); the other rows are
+// a RowRing, so StreamingLLM's eviction of the oldest non-sink slot is O(1).
 template <typename Elem, DType D>
 class PlainStore : public KVStore {
  public:
-  PlainStore(int64_t n_heads, int64_t capacity, int64_t head_dim)
-      : KVStore(n_heads, capacity, head_dim), data_(static_cast<size_t>(n_heads * capacity * head_dim)) {}
+  PlainStore(int64_t n_heads, int64_t capacity, int64_t head_dim, int64_t sink)
+      : KVStore(n_heads, capacity, head_dim),
+        sink_cap_(std::min(sink, capacity)),
+        data_(static_cast<size_t>(n_heads * capacity * head_dim)) {
+    ring_.cap = capacity - sink_cap_;
+  }
 
   void append(const float* x, int64_t n) override {
+    if (len_ + n > capacity_) fail("KV store: {} stored + {} new > capacity {}", len_, n, capacity_);
     const int64_t hd = head_dim_;
-    for (int64_t t = 0; t < n; ++t)
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = len_ < sink_cap_ ? len_ : sink_cap_ + ring_.push_back();
       for (int64_t h = 0; h < n_heads_; ++h) {
         const float* src = x + (t * n_heads_ + h) * hd;
-        Elem* dst = data_.data() + (h * capacity_ + len_ + t) * hd;
+        Elem* dst = data_.data() + (h * capacity_ + row) * hd;
         for (int64_t i = 0; i < hd; ++i) dst[i] = encode(src[i]);
       }
-    len_ += n;
+      ++len_;
+    }
   }
   void evict(int64_t begin, int64_t end) override {
-    const int64_t hd = head_dim_;
-    for (int64_t h = 0; h < n_heads_; ++h) {
-      Elem* base = data_.data() + h * capacity_ * hd;
-      std::memmove(base + begin * hd, base + end * hd, size_t((len_ - end) * hd) * sizeof(Elem));
+    if (begin < 0 || end < begin || end > len_) fail("KV store: evict [{}, {}) of {} slots", begin, end, len_);
+    if (begin == end) return;
+    if (begin == sink_cap_) {  // the oldest non-sink slots: move the ring's start
+      ring_.pop_front(end - begin);
+      len_ -= end - begin;
+      return;
     }
-    len_ -= end - begin;
+    // Any other range (not used by the cache): rebuild in logical order.
+    const int64_t hd = head_dim_, kept = len_ - (end - begin);
+    std::vector<Elem> rows(static_cast<size_t>(n_heads_ * kept * hd));
+    for (int64_t h = 0; h < n_heads_; ++h) {
+      int64_t k = 0;
+      for (int64_t s = 0; s < len_; ++s)
+        if (s < begin || s >= end) std::copy_n(row_ptr(h, s), hd, rows.data() + (h * kept + k++) * hd);
+    }
+    len_ = 0;
+    ring_.clear();
+    for (int64_t s = 0; s < kept; ++s) {
+      const int64_t row = s < sink_cap_ ? s : sink_cap_ + ring_.push_back();
+      for (int64_t h = 0; h < n_heads_; ++h)
+        std::copy_n(rows.data() + (h * kept + s) * hd, hd, data_.data() + (h * capacity_ + row) * hd);
+    }
+    len_ = kept;
   }
   void read(int64_t head, float* out) const override {
-    const Elem* src = data_.data() + head * capacity_ * head_dim_;
-    if constexpr (D == DType::F32) {
-      std::copy_n(src, len_ * head_dim_, out);
-    } else if constexpr (D == DType::F16) {
-      widen_f16(src, out, len_ * head_dim_);
-    } else {
-      ops::to_f32(src, D, out, len_ * head_dim_);
+    SlotPiece pc[3];
+    const int np = pieces(0, len_, pc);
+    for (int i = 0; i < np; ++i) {
+      const Elem* src = data_.data() + (head * capacity_ + pc[i].row) * head_dim_;
+      float* dst = out + pc[i].slot * head_dim_;
+      const int64_t n = pc[i].n * head_dim_;
+      if constexpr (D == DType::F32) {
+        std::copy_n(src, n, dst);
+      } else if constexpr (D == DType::F16) {
+        widen_f16(src, dst, n);
+      } else {
+        ops::to_f32(src, D, dst, n);
+      }
     }
   }
-  const float* fp32_rows(int64_t head) const override {
+  const float* fp32_base(int64_t head) const override {
     if constexpr (D == DType::F32) return data_.data() + head * capacity_ * head_dim_;
     return nullptr;
   }
+  int pieces(int64_t begin, int64_t end, SlotPiece* out) const override {
+    int k = 0;
+    if (begin < sink_cap_ && begin < end) {
+      const int64_t e = std::min(end, sink_cap_);
+      out[k++] = {begin, begin, e - begin};
+      begin = e;
+    }
+    if (begin < end) {
+      const int64_t p0 = ring_.phys(begin - sink_cap_);
+      const int64_t first = std::min(end - begin, ring_.cap - p0);
+      out[k++] = {begin, sink_cap_ + p0, first};
+      if (first < end - begin) out[k++] = {begin + first, sink_cap_, end - begin - first};
+    }
+    return k;
+  }
   size_t payload_bytes() const override { return size_t(len_ * n_heads_ * head_dim_) * sizeof(Elem); }
+  void clear() override {
+    KVStore::clear();
+    ring_.clear();
+  }
 
  private:
+  const Elem* row_ptr(int64_t head, int64_t slot) const {
+    const int64_t row = slot < sink_cap_ ? slot : sink_cap_ + ring_.phys(slot - sink_cap_);
+    return data_.data() + (head * capacity_ + row) * head_dim_;
+  }
   static Elem encode(float x) {
     if constexpr (D == DType::F32) return x;
     if constexpr (D == DType::F16) return f32_to_f16(x);
     if constexpr (D == DType::BF16) return f32_to_bf16(x);
   }
+  int64_t sink_cap_;
+  RowRing ring_;            // the non-sink rows [sink_cap_, capacity)
   std::vector<Elem> data_;  // [n_heads, capacity, head_dim]
 };
 
@@ -88,11 +145,14 @@ kivi::QuantRange range_of(KVStorage s) {
 
 }  // namespace
 
-std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim) {
+std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim,
+                                          int64_t sink) {
   switch (s) {
-    case KVStorage::F32: return std::make_unique<PlainStore<float, DType::F32>>(n_heads, capacity, head_dim);
-    case KVStorage::F16: return std::make_unique<PlainStore<uint16_t, DType::F16>>(n_heads, capacity, head_dim);
-    case KVStorage::BF16: return std::make_unique<PlainStore<uint16_t, DType::BF16>>(n_heads, capacity, head_dim);
+    case KVStorage::F32: return std::make_unique<PlainStore<float, DType::F32>>(n_heads, capacity, head_dim, sink);
+    case KVStorage::F16:
+      return std::make_unique<PlainStore<uint16_t, DType::F16>>(n_heads, capacity, head_dim, sink);
+    case KVStorage::BF16:
+      return std::make_unique<PlainStore<uint16_t, DType::BF16>>(n_heads, capacity, head_dim, sink);
     case KVStorage::Int8:
     case KVStorage::Int4:
     case KVStorage::Int2: return std::make_unique<KiviValueStore>(range_of(s), n_heads, capacity, head_dim);
@@ -100,9 +160,10 @@ std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t 
   fail("KV store: unknown storage");
 }
 
-std::unique_ptr<KVStore> make_key_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim) {
+std::unique_ptr<KVStore> make_key_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim,
+                                        int64_t sink) {
   if (is_quantised(s)) return std::make_unique<KiviKeyStore>(range_of(s), n_heads, capacity, head_dim);
-  return make_value_store(s, n_heads, capacity, head_dim);
+  return make_value_store(s, n_heads, capacity, head_dim, sink);
 }
 
 std::unique_ptr<KVStore> make_store(bool key, const CacheOptions& o, int64_t sink, int64_t n_heads, int64_t capacity,
@@ -112,7 +173,8 @@ std::unique_ptr<KVStore> make_store(bool key, const CacheOptions& o, int64_t sin
     return std::make_unique<GroupedKiviStore>(
         key ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken, range_of(s), n_heads, capacity,
         head_dim, sink, o.kivi_group, o.kivi_residual);
-  return key ? make_key_store(s, n_heads, capacity, head_dim) : make_value_store(s, n_heads, capacity, head_dim);
+  return key ? make_key_store(s, n_heads, capacity, head_dim, sink)
+             : make_value_store(s, n_heads, capacity, head_dim, sink);
 }
 
 // ---------------- KIVI keys: per channel ----------------

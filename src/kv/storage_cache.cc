@@ -48,19 +48,24 @@ StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheOptions& o) : K
     pos_.emplace_back();
     pos_.back().reserve(size_t(s.capacity));
   }
-  // Quantised keys are stored un-rotated in both RoPE modes: per-channel
-  // statistics of pre-RoPE keys are stable, rotated ones mix channel pairs by
-  // position. `absolute` then rotates each key at its original position at read time.
-  keys_prerope_ = o.rope_mode == RopeMode::Reposition || is_quantised(o.k_storage());
-  if (o.rope_mode == RopeMode::Reposition) {
-    const int64_t half = s.head_dim / 2;
-    cos_.resize(size_t(s.capacity * half));
-    sin_.resize(cos_.size());
-    for (int64_t t = 0; t < s.capacity; ++t) rope_.cos_sin(double(t), &cos_[size_t(t * half)], &sin_[size_t(t * half)]);
-  }
+  // Quantised keys are stored un-rotated in both RoPE modes (per-channel
+  // statistics of pre-RoPE keys are stable; rotated ones mix channel pairs by
+  // position) and rotated at read time by their slot. Other keys are stored
+  // rotated at their absolute position. Either way the query is rotated per
+  // run of slots so that the score has the angle the RoPE mode asks for (attend()).
+  keys_prerope_ = is_quantised(o.k_storage());
   // Read-back buffers for one layer, sized once so memory stays flat while decoding.
   kbuf_.resize(size_t(s.n_kv_heads * s.capacity * s.head_dim));
   vbuf_.resize(kbuf_.size());
+}
+
+void StorageKVCache::ensure_slot_table(int64_t len) {
+  const int64_t half = shape_.head_dim / 2, have = int64_t(cos_.size()) / std::max<int64_t>(half, 1);
+  if (len <= have) return;
+  const int64_t n = std::min(shape_.capacity, std::max(len, 2 * have));
+  cos_.resize(size_t(n * half));
+  sin_.resize(cos_.size());
+  for (int64_t t = have; t < n; ++t) rope_.cos_sin(double(t), &cos_[size_t(t * half)], &sin_[size_t(t * half)]);
 }
 
 void StorageKVCache::append(int64_t layer, const float* k, const float* v, int64_t n) {
@@ -121,61 +126,53 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   const int64_t* kp = pos_[size_t(layer)].data();
   const int64_t window = s.window_of(layer);
 
-  // Queries' rotation: their slot (reposition) or absolute position.
-  std::vector<float> qcos(static_cast<size_t>(n * half)), qsin(qcos.size());
-  for (int64_t i = 0; i < n; ++i) {
-    if (reposition) {
-      std::copy_n(&cos_[size_t((first + i) * half)], half, &qcos[size_t(i * half)]);
-      std::copy_n(&sin_[size_t((first + i) * half)], half, &qsin[size_t(i * half)]);
-    } else {
-      rope_.cos_sin(double(position_ + i), &qcos[size_t(i * half)], &qsin[size_t(i * half)]);
-    }
+  // RoPE by rotating the query once per run of slots with a constant offset
+  // off = position - slot (StreamingLLM: the sinks have off 0, the window the
+  // number of evicted tokens; a prefix-dropped window layer one offset).
+  // With R(a)q . R(b)k = q . R(b - a)k and the angle the mode wants,
+  //   reposition: slot_k - slot_q,   absolute: pos_k - pos_q,
+  // a key stored rotated at pos_k (fp32/fp16/bf16) needs the query at
+  //   reposition: slot_q + off,      absolute: pos_q,
+  // and a pre-RoPE key rotated at read time by its slot (quantised) needs
+  //   reposition: slot_q,            absolute: pos_q - off.
+  // So no stored key is ever re-rotated and eviction moves nothing.
+  struct Run {
+    int64_t begin, end, off;
+  };
+  std::vector<Run> runs;
+  const bool need_runs = reposition != keys_prerope_;
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t off = need_runs ? kp[t] - t : 0;
+    if (runs.empty() || runs.back().off != off)
+      runs.push_back({t, t + 1, off});
+    else
+      runs.back().end = t + 1;
   }
-  // Keys' read-time rotation, [len, half] each: their slot (reposition) or,
-  // for pre-RoPE keys in absolute mode, their original position.
-  const float* kcos = cos_.data();
-  const float* ksin = sin_.data();
-  if (!reposition && keys_prerope_) {
-    // Every layer of a bounded cache holds the same positions: computed once per step.
-    const auto& pv = pos_[size_t(layer)];
-    if (abs_pos_ != pv) {
-      abs_cos_.resize(size_t(len * half));
-      abs_sin_.resize(abs_cos_.size());
-      for (int64_t t = 0; t < len; ++t)
-        rope_.cos_sin(double(pv[size_t(t)]), &abs_cos_[size_t(t * half)], &abs_sin_[size_t(t * half)]);
-      abs_pos_ = pv;
+  const int64_t nr = int64_t(runs.size());
+  std::vector<float> qcos(static_cast<size_t>(n * nr * half)), qsin(qcos.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t slot_q = first + i, pos_q = position_ + i, off = runs[size_t(r)].off;
+      const int64_t angle = keys_prerope_ ? (reposition ? slot_q : pos_q - off) : (reposition ? slot_q + off : pos_q);
+      rope_.cos_sin(double(angle), &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
     }
-    kcos = abs_cos_.data();
-    ksin = abs_sin_.data();
-  }
+  if (keys_prerope_) ensure_slot_table(len);
 
-  // Phase 1, parallel over KV heads: heads of non-grouped stores as fp32
-  // (dequantised / widened), pre-RoPE keys rotated. Grouped KIVI stores are
-  // read by the fused kernels in phase 2 instead (nothing is dequantised).
-  std::vector<const float*> K(static_cast<size_t>(KVH)), V(static_cast<size_t>(KVH));
-  if (!kg || !vg) {
+  // Phase 1, parallel over KV heads: stores that attention cannot read in
+  // place (fp16/bf16, the simple KIVI scheme) are read back as fp32 into
+  // kbuf_/vbuf_, pre-RoPE keys rotated by slot. fp32 stores are read in place
+  // and grouped KIVI stores by the fused kernels (nothing is dequantised).
+  const bool k_inplace = kg || ks.fp32_base(0), v_inplace = vg || vs.fp32_base(0);
+  if (!k_inplace || !v_inplace) {
 #pragma omp parallel for schedule(static) if (KVH > 1)
     for (int64_t h = 0; h < KVH; ++h) {
-      if (!kg) {
+      if (!k_inplace) {
         float* kb = kbuf_.data() + h * s.capacity * hd;
-        const float* kd = ks.fp32_rows(h);
-        if (keys_prerope_ || !kd) {
-          ks.read(h, kb);
-          if (keys_prerope_)
-            for (int64_t t = 0; t < len; ++t) rope_.apply(kb + t * hd, 1, kcos + t * half, ksin + t * half);
-          kd = kb;
-        }
-        K[size_t(h)] = kd;
+        ks.read(h, kb);
+        if (keys_prerope_)
+          for (int64_t t = 0; t < len; ++t) rope_.apply(kb + t * hd, 1, &cos_[size_t(t * half)], &sin_[size_t(t * half)]);
       }
-      if (!vg) {
-        float* vb = vbuf_.data() + h * s.capacity * hd;
-        const float* vd = vs.fp32_rows(h);
-        if (!vd) {
-          vs.read(h, vb);
-          vd = vb;
-        }
-        V[size_t(h)] = vd;
-      }
+      if (!v_inplace) vs.read(h, vbuf_.data() + h * s.capacity * hd);
     }
   }
 
@@ -186,18 +183,28 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
 #pragma omp parallel
   {
     std::vector<float> qr(static_cast<size_t>(hd)), scores(static_cast<size_t>(std::max<int64_t>(len, 1)));
+    SlotPiece pc[3];
 #pragma omp for schedule(static)
     for (int64_t ih = 0; ih < n * s.n_heads; ++ih) {
       const int64_t i = ih / s.n_heads, h = ih % s.n_heads, kvh = h / group;
       float* o = out + i * qstride + h * hd;
-      std::copy_n(q + i * qstride + h * hd, hd, qr.data());
-      rope_.apply(qr.data(), 1, &qcos[size_t(i * half)], &qsin[size_t(i * half)]);
       // Causal by slot: query i sees slots 0..first+i.
       const int64_t li = first + i + 1, q_pos = kp[first + i];
-      if (kg)
-        fused_key_scores(*kg, kvh, qr.data(), li, kcos, ksin, scale, scores.data());
-      else
-        for (int64_t t = 0; t < li; ++t) scores[size_t(t)] = ops::dot_f32(qr.data(), K[size_t(kvh)] + t * hd, hd) * scale;
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li);
+        if (b >= e) break;
+        std::copy_n(q + i * qstride + h * hd, hd, qr.data());
+        rope_.apply(qr.data(), 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
+        if (kg) {
+          fused_key_scores(*kg, kvh, qr.data(), b, e, cos_.data(), sin_.data(), scale, scores.data());
+        } else if (const float* kbase = ks.fp32_base(kvh)) {
+          const int np = ks.pieces(b, e, pc);
+          for (int j = 0; j < np; ++j)
+            ops::dot_rows(qr.data(), kbase + pc[j].row * hd, pc[j].n, hd, scale, scores.data() + pc[j].slot);
+        } else {
+          ops::dot_rows(qr.data(), kbuf_.data() + (kvh * s.capacity + b) * hd, e - b, hd, scale, scores.data() + b);
+        }
+      }
       bool any = false;
       for (int64_t t = 0; t < li; ++t) {
         const int64_t p = kp[t];
@@ -215,9 +222,13 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
         fused_value_sum(*vg, kvh, scores.data(), li, o);
       } else {
         std::fill(o, o + hd, 0.f);
-        const float* vd = V[size_t(kvh)];
-        for (int64_t t = 0; t < li; ++t)
-          if (scores[size_t(t)] != 0.f) ops::axpy(scores[size_t(t)], vd + t * hd, o, hd);
+        if (const float* vbase = vs.fp32_base(kvh)) {
+          const int np = vs.pieces(0, li, pc);
+          for (int j = 0; j < np; ++j)
+            ops::weighted_sum_rows(scores.data() + pc[j].slot, vbase + pc[j].row * hd, pc[j].n, hd, o);
+        } else {
+          ops::weighted_sum_rows(scores.data(), vbuf_.data() + kvh * s.capacity * hd, li, hd, o);
+        }
       }
     }
   }
@@ -252,7 +263,6 @@ void StorageKVCache::clear() {
   for (auto& k : k_) k->clear();
   for (auto& v : v_) v->clear();
   for (auto& p : pos_) p.clear();
-  abs_pos_.clear();
 }
 
 std::vector<float> StorageKVCache::read_keys(int64_t layer, int64_t head) const {

@@ -3,14 +3,16 @@
 // optional StreamingLLM bound (N sinks + last M tokens), and attention that
 // reads each head back as fp32.
 //
-// RoPE: with `reposition` (default) keys are stored un-rotated and rotated at
-// read time at their slot 0..len-1, the query at its own slot; without
-// eviction slot == position, so an unbounded cache gives the exact absolute
-// result. With `absolute` keys are rotated at their original position before
-// they are stored (fp32/fp16/bf16 K) or, for quantised K, stored un-rotated and
-// rotated at their original position at read time; the query uses its
-// absolute position. Grouped KIVI stores are attended by fused kernels
-// straight from their codes (grouped_store.h).
+// RoPE: with `reposition` (default) a query at slot s sees the key at slot t
+// at distance s - t (positions 0..len-1 by slot); without eviction slot ==
+// position, so an unbounded cache gives the exact absolute result. With
+// `absolute` the distance is the original positions' difference. fp32/fp16/
+// bf16 keys are stored rotated at their position; quantised keys are stored
+// un-rotated (better per-channel statistics) and rotated by slot at read time;
+// the query's rotation per run of slots makes up the difference (attend()).
+// Eviction is O(1): stores keep their non-sink rows in rings (kv_store.h).
+// Grouped KIVI stores are attended by fused kernels straight from their codes
+// (grouped_store.h).
 #pragma once
 #include <memory>
 #include <vector>
@@ -49,15 +51,13 @@ class StorageKVCache : public KVCache {
   std::vector<std::unique_ptr<KVStore>> k_, v_;  // per layer
   // The same stores when they are grouped KIVI (read by the fused kernels), else nullptr.
   std::vector<const GroupedKiviStore*> kg_, vg_;
-  // Keys stored before RoPE (reposition, or any quantised K) and rotated at read time.
+  // Keys stored before RoPE (quantised K) and rotated by slot at read time.
   bool keys_prerope_ = true;
-  // Absolute mode with pre-RoPE keys: cos/sin of the stored positions abs_pos_, [len, head_dim/2].
-  std::vector<int64_t> abs_pos_;
-  std::vector<float> abs_cos_, abs_sin_;
   std::vector<std::vector<int64_t>> pos_;        // per layer: absolute position of each slot
-  // Reposition: cos/sin of every slot position 0..capacity-1, [capacity, head_dim/2] each,
-  // computed once so decoding does no sincos.
+  // Pre-RoPE keys: cos/sin of slots 0..n-1, [n, head_dim/2] each, grown on
+  // demand up to the capacity, so decoding does no sincos per key.
   std::vector<float> cos_, sin_;
+  void ensure_slot_table(int64_t len);
   // fp32 read-back of one layer's K and V, [n_kv_heads, capacity, head_dim] each.
   std::vector<float> kbuf_, vbuf_;
 };

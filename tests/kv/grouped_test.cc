@@ -11,6 +11,7 @@
 #include "kv/cache_options.h"
 #include "kv/grouped_store.h"
 #include "kv/storage_cache.h"
+#include "ops/ops.h"
 
 namespace ptllm {
 namespace {
@@ -104,14 +105,14 @@ TEST(GroupedKivi, QuantisedGroupsAreNeverTouchedAgain) {
     auto x0 = randn(size_t((R + G) * H * D), rng, 0.1f);
     k.append(x0.data(), R + G);
     ASSERT_EQ(k.n_quant(), G);
-    const std::vector<uint8_t> codes0(k.codes(1), k.codes(1) + G * k.row_bytes());
+    const std::vector<uint8_t> codes0(k.code_row(1, 0), k.code_row(1, 0) + G * k.row_bytes());
     std::vector<uint16_t> p0;
     for (int64_t c = 0; c < D; ++c) p0.push_back(k.group_params(1, 0)[c].scale.bits());
     for (int64_t c = 0; c < D; ++c) p0.push_back(k.group_params(1, 0)[c].zero.bits());
     for (int64_t i = 0; i < 150; ++i) {
       auto xi = randn(size_t(H * D), rng, 10.f);
       k.append(xi.data(), 1);
-      ASSERT_EQ(std::vector<uint8_t>(k.codes(1), k.codes(1) + G * k.row_bytes()), codes0) << "int" << r.bits;
+      ASSERT_EQ(std::vector<uint8_t>(k.code_row(1, 0), k.code_row(1, 0) + G * k.row_bytes()), codes0) << "int" << r.bits;
       for (int64_t c = 0; c < D; ++c) {
         ASSERT_EQ(k.group_params(1, 0)[c].scale.bits(), p0[size_t(c)]);
         ASSERT_EQ(k.group_params(1, 0)[c].zero.bits(), p0[size_t(D + c)]);
@@ -185,7 +186,9 @@ TEST(GroupedKivi, EvictionAcrossGroupBoundariesKeepsBoundAndValues) {
 }
 
 // The reference: dequantise every stored token (read()), rotate keys at their
-// slot (reposition) or original position (absolute), attend in fp32.
+// slot (reposition) or original position (absolute), attend in fp32. Quantised
+// keys are stored before RoPE; plain keys are stored rotated at their position
+// (so reposition turns them by slot - position more).
 void reference_attend(StorageKVCache& sc, int64_t layer, const float* q, RopeMode rm, int64_t window, float* out) {
   const auto& s = sc.shape();
   const int64_t len = sc.stored(layer), D = s.head_dim;
@@ -194,9 +197,9 @@ void reference_attend(StorageKVCache& sc, int64_t layer, const float* q, RopeMod
   for (int64_t h = 0; h < s.n_kv_heads; ++h) {
     auto k = sc.read_keys(layer, h), v = sc.read_values(layer, h);
     for (int64_t t = 0; t < len; ++t) {
-      // Quantised K is stored before RoPE in both modes; plain K only for reposition.
-      if (rm == RopeMode::Reposition || is_quantised(sc.options().k_storage()))
-        sc.rope().apply(k.data() + t * D, 1, double(rm == RopeMode::Reposition ? t : sp[size_t(t)]));
+      const double at = rm == RopeMode::Reposition ? double(t) : double(sp[size_t(t)]);
+      const double stored_at = is_quantised(sc.options().k_storage()) ? 0.0 : double(sp[size_t(t)]);
+      if (at != stored_at) sc.rope().apply(k.data() + t * D, 1, at - stored_at);
       std::copy_n(k.data() + t * D, D, K.data() + (h * len + t) * D);
       std::copy_n(v.data() + t * D, D, V.data() + (h * len + t) * D);
     }
@@ -210,8 +213,11 @@ void reference_attend(StorageKVCache& sc, int64_t layer, const float* q, RopeMod
 
 // Fused attention (q.k and p.v from the packed codes) equals
 // dequantise-then-attend within 1e-5 relative (|a - b| <= 1e-5 * max|ref| of
-// the step): int8/int4/int2, asymmetric K/V, sinks, eviction, both RoPE modes,
-// a model sliding window on an unbounded cache.
+// the step): int8/int4/int2, asymmetric K/V, sinks, eviction (the rings wrap
+// many times), both RoPE modes, a model sliding window on an unbounded cache;
+// plain fp32/fp16/bf16 keys (stored rotated, the query turned per run of
+// slots); head_dim 16 (scalar K kernel), 32 and 64 (SIMD K kernels), at every
+// SIMD level this CPU has (scalar reference, AVX2, AVX-512).
 TEST(GroupedKivi, FusedAttentionEqualsDequantiseThenAttend) {
   struct Case {
     KVStorage k, v;
@@ -226,14 +232,25 @@ TEST(GroupedKivi, FusedAttentionEqualsDequantiseThenAttend) {
       {KVStorage::F32, KVStorage::Int4, 2, 40, 0, RopeMode::Absolute},
       {KVStorage::Int8, KVStorage::F16, 0, 0, 0, RopeMode::Absolute},
       {KVStorage::Int4, KVStorage::Int4, 0, 0, 23, RopeMode::Reposition},
+      {KVStorage::F32, KVStorage::F32, 4, 29, 0, RopeMode::Reposition},
+      {KVStorage::BF16, KVStorage::Int4, 2, 40, 0, RopeMode::Reposition},
+      {KVStorage::F16, KVStorage::F16, 0, 0, 23, RopeMode::Reposition},
+      {KVStorage::F32, KVStorage::F32, 0, 0, 23, RopeMode::Absolute},
   };
   std::mt19937 rng(5);
+  const ops::SimdLevel saved = ops::simd_level();
+  std::vector<ops::SimdLevel> levels{ops::SimdLevel::Scalar};
+  if (ops::best_simd_level() != ops::SimdLevel::Scalar) levels.push_back(ops::SimdLevel::Avx2);
+  if (ops::best_simd_level() == ops::SimdLevel::Avx512) levels.push_back(ops::SimdLevel::Avx512);
+  for (const ops::SimdLevel level : levels)
+  for (const int64_t head_dim : {16, 32, 64})
   for (const Case& c : cases) {
+    ops::set_simd_level(level);
     KVCacheShape s;
     s.n_layers = 1;
     s.n_heads = 4;
     s.n_kv_heads = 2;
-    s.head_dim = 16;
+    s.head_dim = head_dim;
     s.capacity = 120;
     s.sliding_window = c.model_window;
     CacheOptions o;
@@ -264,9 +281,11 @@ TEST(GroupedKivi, FusedAttentionEqualsDequantiseThenAttend) {
       for (float x : ref) mx = std::max(mx, std::fabs(x));
       for (int64_t i = 0; i < qrow; ++i)
         ASSERT_NEAR(out[size_t(i)], ref[size_t(i)], 1e-5f * mx)
-            << storage_name(c.k) << "/" << storage_name(c.v) << " " << rope_mode_name(c.rm) << " step " << p;
+            << storage_name(c.k) << "/" << storage_name(c.v) << " " << rope_mode_name(c.rm) << " step " << p
+            << " head_dim " << head_dim << " simd " << ops::simd_level_name(level);
     }
   }
+  ops::set_simd_level(saved);
 }
 
 // Asymmetric settings: K int4 grouped per channel, V int2 per token, bytes as
