@@ -12,10 +12,20 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "eval/sweep.h"
 #include "kv/cache_options.h"
 
 namespace ptllm::cli {
 
 void add_cache_flags(CLI::App* cmd, CacheOptions& o);
+// Only --kv-quantize-k, --kv-quantize-v, --kivi-group and --kivi-residual (part
+// of add_cache_flags; `cache-table` takes just these).
+void add_kivi_flags(CLI::App* cmd, CacheOptions& o);
+
+// The same cache flags as comma lists, for the sweeps of `perplexity` and
+// `compare` (expanded by eval::expand_sweep, which checks the values); also
+// sets the command's --help footer to the rule for combining the lists.
+// `kv_quantize_default` is the --kv-quantize default shown in --help.
+void add_sweep_flags(CLI::App* cmd, eval::SweepFlags& f, const std::string& kv_quantize_default);
 
 }  // namespace ptllm::cli

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/cache_flags.h"
 #include "app/commands.h"
 #include "app/common.h"
 #include "core/error.h"
@@ -75,11 +76,7 @@ void add_compare_command(CLI::App& root) {
                   "Prompts: one per line, a JSON array of strings, or a reference.json with a \"prompts\" array")
       ->required();
   cmd->add_option("--tokens,-n", o->tokens, "Greedy tokens per prompt (default 60)");
-  cmd->add_option("--kv-quantize", o->sweep.kv_quantize,
-                  "Settings to compare, a comma list: fp32, fp16, bf16, int8, int4 (default bf16,int8,int4)");
-  cmd->add_option("--streaming-llm-sink", o->sweep.sink, "Attention-sink tokens; a comma list pairs with the window");
-  cmd->add_option("--streaming-llm-window", o->sweep.window, "Recent tokens kept (0 = unbounded); a comma list");
-  cmd->add_option("--streaming-llm-rope", o->sweep.rope, "reposition or absolute; a comma list to sweep");
+  add_sweep_flags(cmd, o->sweep, "bf16,int8,int4");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->add_flag("--csv", o->csv, "Print the table as CSV");
   cmd->add_flag("--quiet,-q", o->quiet, "No progress bar");
@@ -89,6 +86,7 @@ void add_compare_command(CLI::App& root) {
     if (o->tokens < 1) fail("--tokens {}: expected >= 1", o->tokens);
     if (o->sweep.kv_quantize.empty()) o->sweep.kv_quantize = "bf16,int8,int4";
     const std::vector<CacheOptions> settings = eval::expand_sweep(o->sweep);
+    const std::vector<std::string> labels = eval::short_labels(settings);
     const std::vector<std::string> prompts = read_prompts(o->prompts);
     apply_threads(o->threads);
     LoadedModel lm = load_model(o->model);
@@ -118,7 +116,7 @@ void add_compare_command(CLI::App& root) {
 
     eval::Table table;
     table.header = {"prompt"};
-    for (const auto& s : settings) table.header.push_back(eval::short_label(s));
+    for (const auto& l : labels) table.header.push_back(l);
     std::vector<double> mean(settings.size(), 0.0);
     for (size_t i = 0; i < prompts.size(); ++i) {
       std::vector<std::string> cells = {prompts[i]};
@@ -146,7 +144,8 @@ void add_compare_command(CLI::App& root) {
         j["prompts"].push_back({{"prompt", prompts[i]}, {"prompt_ids", prompt_ids[i]}, {"fp32_ids", reference[i]}});
       j["settings"] = nlohmann::json::array();
       for (size_t s = 0; s < settings.size(); ++s) {
-        nlohmann::json e = {{"setting", describe(settings[s])}, {"label", eval::short_label(settings[s])}, {"mean_match_fraction", mean[s]}};
+        nlohmann::json e = eval::setting_json(settings[s], labels[s]);
+        e["mean_match_fraction"] = mean[s];
         nlohmann::json per = nlohmann::json::array();
         for (size_t i = 0; i < prompts.size(); ++i)
           per.push_back({{"prefix_match", match[i][s]}, {"tokens", reference[i].size()}, {"ids", outputs[s][i]}});

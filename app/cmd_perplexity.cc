@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "app/cache_flags.h"
 #include "app/commands.h"
 #include "app/common.h"
 #include "core/error.h"
@@ -56,15 +57,6 @@ nlohmann::json run_json(const eval::RunResult& r) {
   return j;
 }
 
-nlohmann::json options_json(const CacheOptions& o) {
-  return {{"setting", describe(o)},
-          {"label", eval::short_label(o)},
-          {"kv_quantize", storage_name(o.storage)},
-          {"sink", o.sink},
-          {"window", o.window},
-          {"rope", o.window > 0 ? std::string(rope_mode_name(o.rope_mode)) : std::string("n/a")}};
-}
-
 }  // namespace
 
 void add_perplexity_command(CLI::App& root) {
@@ -96,14 +88,7 @@ void add_perplexity_command(CLI::App& root) {
                 "Window mode: also score each window token by token through the cache (the decode path of "
                 "`sample`) and compare with the full forward");
   cmd->add_flag("--cache-only", o->cache_only, "Window mode: score only through the cache (skip the full forward)");
-  cmd->add_option("--kv-quantize", o->sweep.kv_quantize,
-                  "K/V storage, a comma list to sweep: fp32, fp16, bf16, int8, int4 (default fp32)");
-  cmd->add_option("--streaming-llm-sink", o->sweep.sink, "Attention-sink tokens kept; a comma list pairs with "
-                                                         "--streaming-llm-window (default 0)");
-  cmd->add_option("--streaming-llm-window", o->sweep.window,
-                  "Recent tokens kept (0 = unbounded cache); a comma list, paired with --streaming-llm-sink");
-  cmd->add_option("--streaming-llm-rope", o->sweep.rope,
-                  "RoPE positions of a bounded cache: reposition (by slot) or absolute; a comma list to sweep");
+  add_sweep_flags(cmd, o->sweep, "fp32");
   cmd->add_flag("--json", o->json, "Print one JSON object");
   cmd->add_flag("--csv", o->csv, "Print the table as CSV");
   cmd->add_option("--plot", o->plot, "Write an SVG plot of perplexity against position, one line per setting");
@@ -121,6 +106,7 @@ void add_perplexity_command(CLI::App& root) {
     if (o->stream > 0 && (o->through_cache || o->cache_only))
       fail("--through-cache/--cache-only apply to window mode; stream mode always goes through the cache");
     const std::vector<CacheOptions> settings = eval::expand_sweep(o->sweep);
+    const std::vector<std::string> labels = eval::short_labels(settings);
     apply_threads(o->threads);
 
     LoadedModel lm = load_model(o->model);
@@ -174,12 +160,14 @@ void add_perplexity_command(CLI::App& root) {
     const bool do_cache = stream_mode || o->through_cache || o->cache_only;
     struct Row {
       CacheOptions opts;
+      std::string label;
       eval::RunResult full, cache;
     };
     std::vector<Row> rows;
-    for (const CacheOptions& s : settings) {
-      Row row{s, {}, {}};
-      const std::string name = eval::short_label(s);
+    for (size_t i = 0; i < settings.size(); ++i) {
+      const CacheOptions& s = settings[i];
+      Row row{s, labels[i], {}, {}};
+      const std::string& name = row.label;
       if (do_full) {
         eval::Progress bar(name + " · full forward", per_pass, !o->quiet);
         row.full = eval::score_windows(model, work, eval::Path::Full, s, [&](int64_t n) { bar.add(n); }, o->bin);
@@ -202,7 +190,7 @@ void add_perplexity_command(CLI::App& root) {
       for (size_t i = 0; i < n_segments; ++i) table.header.push_back("ppl " + eval::Segments::label(int64_t(i)));
       for (const char* h : {"overall", "predictions", "max stored", "cache bytes", "tok/s"}) table.header.push_back(h);
       for (const auto& r : rows) {
-        std::vector<std::string> cells = {eval::short_label(r.opts)};
+        std::vector<std::string> cells = {r.label};
         for (size_t i = 0; i < n_segments; ++i)
           cells.push_back(i < r.cache.segments.size() ? fmt_ppl(r.cache.segments[i].ppl()) : "");
         cells.push_back(fmt_ppl(r.cache.total.ppl()));
@@ -219,7 +207,7 @@ void add_perplexity_command(CLI::App& root) {
       if (do_full && do_cache) table.header.push_back("cache / full − 1");
       for (const auto& r : rows) {
         const auto& any = do_full ? r.full : r.cache;
-        std::vector<std::string> cells = {eval::short_label(r.opts), fmt::format("{}", work.size()),
+        std::vector<std::string> cells = {r.label, fmt::format("{}", work.size()),
                                           fmt::format("{}", any.total.count)};
         if (do_full) {
           cells.push_back(fmt_ppl(r.full.total.ppl()));
@@ -246,8 +234,8 @@ void add_perplexity_command(CLI::App& root) {
         series.push_back(std::move(s));
       };
       for (const auto& r : rows) {
-        if (do_full) add_series(eval::short_label(r.opts) + (do_cache ? " · full" : ""), r.full);
-        if (do_cache) add_series(eval::short_label(r.opts) + (do_full ? " · cache" : ""), r.cache);
+        if (do_full) add_series(r.label + (do_cache ? " · full" : ""), r.full);
+        if (do_cache) add_series(r.label + (do_full ? " · cache" : ""), r.cache);
       }
       eval::PlotSpec spec;
       spec.title = fmt::format("{} — perplexity by {} ({} inputs, {} positions per point)", o->model,
@@ -270,7 +258,7 @@ void add_perplexity_command(CLI::App& root) {
       }
       j["results"] = nlohmann::json::array();
       for (const auto& r : rows) {
-        nlohmann::json e = options_json(r.opts);
+        nlohmann::json e = eval::setting_json(r.opts, r.label);
         if (do_full) e["full_forward"] = run_json(r.full);
         if (do_cache) e["through_cache"] = run_json(r.cache);
         j["results"].push_back(e);

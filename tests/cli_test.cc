@@ -92,6 +92,58 @@ TEST(Cli, HelpOnEveryCommand) {
   }
 }
 
+// The evaluation commands take the KIVI flags; the sweep commands document how lists combine.
+TEST(Cli, EvalCommandsListKiviFlagsInHelp) {
+  for (const char* c : {"perplexity", "compare", "cache-table"}) {
+    Result r = run(std::string(c) + " --help");
+    EXPECT_EQ(r.status, 0) << c;
+    for (const char* flag : {"--kv-quantize-k", "--kv-quantize-v", "--kivi-group", "--kivi-residual"})
+      EXPECT_NE(r.out.find(flag), std::string::npos) << c << " " << flag << "\n" << r.out;
+  }
+  for (const char* c : {"perplexity", "compare"}) {
+    Result r = run(std::string(c) + " --help");
+    EXPECT_NE(r.out.find("Pairs are zipped"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--kivi-group with --kivi-residual"), std::string::npos) << r.out;
+  }
+}
+
+uint64_t int4_total(const nlohmann::json& j, const char* column = "int4") {
+  return j["rows"][0][column]["total"].get<uint64_t>();
+}
+
+// cache-table: the simple scheme (--kivi-group 0) holds fewer bytes than the
+// grouped default (whose newest 128+ tokens stay fp32); K/V overrides give
+// one column per distinct cache; bad values name the flag.
+TEST(Cli, CacheTableKiviFlags) {
+  Result grouped = run("cache-table " + kStories + " --lengths 256 --json", true);
+  Result simple = run("cache-table " + kStories + " --lengths 256 --kivi-group 0 --json", true);
+  Result small_residual = run("cache-table " + kStories + " --lengths 256 --kivi-group 16 --kivi-residual 32 --json", true);
+  ASSERT_EQ(grouped.status, 0) << grouped.out;
+  ASSERT_EQ(simple.status, 0) << simple.out;
+  ASSERT_EQ(small_residual.status, 0) << small_residual.out;
+  const auto jg = nlohmann::json::parse(grouped.out), js = nlohmann::json::parse(simple.out),
+             jr = nlohmann::json::parse(small_residual.out);
+  EXPECT_EQ(jg["kivi_group"], 32);
+  EXPECT_EQ(js["kivi_group"], 0);
+  EXPECT_TRUE(js["kivi_residual"].is_null());
+  EXPECT_LT(int4_total(js), int4_total(jg));
+  EXPECT_LT(int4_total(jr), int4_total(jg));
+  EXPECT_EQ(js["rows"][0]["fp32"], jg["rows"][0]["fp32"]);  // unquantised columns do not change
+  Result kv = run("cache-table " + kStories + " --lengths 256 --kv-quantize-k int4 --kv-quantize-v int2 --json", true);
+  ASSERT_EQ(kv.status, 0) << kv.out;
+  const auto jkv = nlohmann::json::parse(kv.out);
+  EXPECT_EQ(jkv["rows"][0].size(), 2u) << kv.out;  // "tokens" and the single cache
+  EXPECT_TRUE(jkv["rows"][0].contains("K int4 / V int2")) << kv.out;
+  Result text = run("cache-table " + kStories + " --lengths 256 --kivi-group 0");
+  ASSERT_EQ(text.status, 0) << text.out;
+  EXPECT_NE(text.out.find("simple scheme"), std::string::npos) << text.out;
+  expect_error("cache-table " + kStories + " --kivi-group 3 --kivi-residual 128",
+               "--kivi-residual 128: expected a multiple of --kivi-group 3");
+  expect_error("cache-table " + kStories + " --kv-quantize-k int5", "--kv-quantize-k");
+  expect_error("cache-table " + kStories + " --kv-quantize-k int5", "int5");
+  expect_error("cache-table " + kStories + " --kivi-group -1", "--kivi-group");
+}
+
 TEST(Cli, LogitsWritesSafetensors) {
   const std::string out = std::filesystem::temp_directory_path() / "ptllm_cli_logits.safetensors";
   Result r = run("logits " + kStories + " --ids 1,403,407 --out " + out);

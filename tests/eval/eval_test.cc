@@ -4,6 +4,7 @@
 // transformers' (models/flagship-27m/reference.json).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -271,9 +272,151 @@ TEST(Sweep, PairsSinkWithWindowAndCrossesStorageAndRope) {
   EXPECT_EQ(eval::expand_sweep({}).size(), 1u);  // the plain fp32 cache
   f.window = "0,256";
   EXPECT_THROW(eval::expand_sweep(f), Error);  // 3 sinks, 2 windows
-  EXPECT_THROW(eval::expand_sweep({"int9", "", "", ""}), Error);
-  EXPECT_THROW(eval::expand_sweep({"", "x", "", ""}), Error);
-  EXPECT_THROW(eval::expand_sweep({"", "4", "", ""}), Error);  // a sink without a window bounds nothing
+  EXPECT_THROW(eval::expand_sweep({.kv_quantize = "int9"}), Error);
+  EXPECT_THROW(eval::expand_sweep({.sink = "x"}), Error);
+  EXPECT_THROW(eval::expand_sweep({.sink = "4"}), Error);  // a sink without a window bounds nothing
+}
+
+// --kivi-group 0,32: two settings (the simple and the grouped scheme) with
+// distinct labels; the KIVI part is shown on every quantised setting of the sweep.
+TEST(Sweep, KiviGroupListGivesDistinctSettings) {
+  eval::SweepFlags f;
+  f.kv_quantize = "int4";
+  f.kivi_group = "0,32";
+  auto s = eval::expand_sweep(f);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].storage, KVStorage::Int4);
+  EXPECT_EQ(s[1].storage, KVStorage::Int4);
+  EXPECT_EQ(s[0].kivi_group, 0);
+  EXPECT_EQ(s[1].kivi_group, 32);
+  EXPECT_EQ(s[1].kivi_residual, 128);
+  EXPECT_FALSE(s[0].grouped());
+  EXPECT_TRUE(s[1].grouped());
+  const auto labels = eval::short_labels(s);
+  ASSERT_EQ(labels.size(), 2u);
+  EXPECT_EQ(labels[0], "int4 simple");
+  EXPECT_EQ(labels[1], "int4 G32 R128");
+  EXPECT_NE(eval::short_label(s[0]), eval::short_label(s[1]));  // distinct even without the sweep context
+  EXPECT_EQ(eval::short_label(s[1]), "int4");                   // defaults alone: the old label
+  // The residual is paired with the group, a single value repeated.
+  f.kivi_group = "16,32";
+  f.kivi_residual = "64,128";
+  s = eval::expand_sweep(f);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].kivi_group, 16);
+  EXPECT_EQ(s[0].kivi_residual, 64);
+  EXPECT_EQ(s[1].kivi_group, 32);
+  EXPECT_EQ(s[1].kivi_residual, 128);
+  EXPECT_EQ(eval::short_labels(s)[0], "int4 G16 R64");
+  f.kivi_residual = "128";
+  EXPECT_EQ(eval::expand_sweep(f).size(), 2u);
+  f.kivi_residual = "64,128,256";
+  EXPECT_THROW(eval::expand_sweep(f), Error);  // 2 groups, 3 residuals
+}
+
+TEST(Sweep, KiviValuesOnlyMatterForQuantisedCaches) {
+  eval::SweepFlags f;
+  f.kv_quantize = "fp32,int4";
+  f.kivi_group = "0,32";
+  auto s = eval::expand_sweep(f);
+  // fp32 ignores the group: once; int4 twice. Order: group outside storage.
+  ASSERT_EQ(s.size(), 3u);
+  const auto labels = eval::short_labels(s);
+  EXPECT_EQ(labels, (std::vector<std::string>{"fp32", "int4 simple", "int4 G32 R128"}));
+  EXPECT_EQ(s[0].kivi_group, 32);  // reset to the default where it does not apply
+  // The residual does not matter to the simple scheme.
+  f.kv_quantize = "int8";
+  f.kivi_group = "0,0";
+  f.kivi_residual = "64,128";
+  EXPECT_EQ(eval::expand_sweep(f).size(), 1u);
+}
+
+TEST(Sweep, KeyValueStoragesArePairedAndOverrideKvQuantize) {
+  eval::SweepFlags f;
+  f.kv_quantize_k = "int4,int8";
+  f.kv_quantize_v = "int2";
+  auto s = eval::expand_sweep(f);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].k_storage(), KVStorage::Int4);
+  EXPECT_EQ(s[0].v_storage(), KVStorage::Int2);
+  EXPECT_EQ(s[1].k_storage(), KVStorage::Int8);
+  EXPECT_EQ(s[1].v_storage(), KVStorage::Int2);
+  EXPECT_EQ(eval::short_label(s[0]), "K int4 / V int2");
+  EXPECT_EQ(eval::short_labels(s)[1], "K int8 / V int2");
+  // Both halves given: --kv-quantize makes no difference, one setting per pair.
+  f.kv_quantize = "fp32,int4";
+  EXPECT_EQ(eval::expand_sweep(f).size(), 2u);
+  // Only K given: V follows each --kv-quantize entry; K int4 + V int4 is plain "int4".
+  f.kv_quantize_k = "int4";
+  f.kv_quantize_v = "";
+  s = eval::expand_sweep(f);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(eval::short_label(s[0]), "K int4 / V fp32");
+  EXPECT_EQ(eval::short_label(s[1]), "int4");
+  f.kivi_group = "0";
+  EXPECT_EQ(eval::short_labels(eval::expand_sweep(f))[0], "K int4 / V fp32 simple");
+  f.kv_quantize_k = "int4,int8,int2";
+  f.kv_quantize_v = "int2,int4";
+  EXPECT_THROW(eval::expand_sweep(f), Error);  // 3 keys, 2 values
+}
+
+std::string sweep_error(const eval::SweepFlags& f) {
+  try {
+    eval::expand_sweep(f);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Sweep, BadKiviValuesNameTheFlag) {
+  eval::SweepFlags f;
+  f.kv_quantize = "int4";
+  f.kivi_group = "3";
+  f.kivi_residual = "128";
+  EXPECT_EQ(sweep_error(f), "--kivi-residual 128: expected a multiple of --kivi-group 3");
+  f.kv_quantize = "fp32";  // the values are wrong whatever the storage
+  EXPECT_EQ(sweep_error(f), "--kivi-residual 128: expected a multiple of --kivi-group 3");
+  f = {};
+  f.kv_quantize_k = "int5";
+  EXPECT_EQ(sweep_error(f), "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2");
+  f = {};
+  f.kv_quantize_v = "int4,";
+  EXPECT_NE(sweep_error(f).find("--kv-quantize-v \"int4,\": empty entry"), std::string::npos) << sweep_error(f);
+  f = {};
+  f.kivi_group = "32,x";
+  EXPECT_NE(sweep_error(f).find("--kivi-group \"32,x\": expected a comma-separated list of integers >= 0"),
+            std::string::npos);
+  f = {};
+  f.kivi_residual = "-1";
+  EXPECT_NE(sweep_error(f).find("--kivi-residual"), std::string::npos);
+  f = {};
+  f.kivi_group = "16,32,64";
+  f.kivi_residual = "64,128";
+  EXPECT_NE(sweep_error(f).find("--kivi-group has 3 values and --kivi-residual 2"), std::string::npos);
+}
+
+TEST(Sweep, SettingJsonHasKiviFields) {
+  eval::SweepFlags f;
+  f.kv_quantize = "fp32,int4";
+  f.kv_quantize_v = "int2";
+  f.kivi_group = "0,32";
+  auto s = eval::expand_sweep(f);
+  // Group 0: K fp32 / V int2 and K int4 / V int2, simple; group 32: the same two, grouped (V int2 is quantised).
+  ASSERT_EQ(s.size(), 4u);
+  const auto labels = eval::short_labels(s);
+  const auto j0 = eval::setting_json(s[0], labels[0]);
+  EXPECT_EQ(j0["label"], labels[0]);
+  EXPECT_EQ(j0["kv_quantize_k"], "fp32");
+  EXPECT_EQ(j0["kv_quantize_v"], "int2");
+  EXPECT_EQ(j0["kivi_group"], 0);
+  EXPECT_TRUE(j0["kivi_residual"].is_null());  // no residual in the simple scheme
+  const auto j2 = eval::setting_json(s.back(), labels.back());
+  EXPECT_EQ(j2["kivi_group"], 32);
+  EXPECT_EQ(j2["kivi_residual"], 128);
+  EXPECT_EQ(j2["rope"], "n/a");
+  const auto plain = eval::setting_json(CacheOptions{}, "fp32");
+  EXPECT_TRUE(plain["kivi_group"].is_null());
 }
 
 struct CliResult {
@@ -333,6 +476,75 @@ TEST(Cli, PerplexityJsonAgreesAcrossPathsOnStories) {
   j = nlohmann::json::parse(r.out);
   EXPECT_LE(j["results"][0]["through_cache"]["max_stored_tokens"].get<int64_t>(), 4);
   EXPECT_EQ(j["results"][0]["through_cache"]["predictions"], 12);
+}
+
+// The KIVI flags of perplexity/compare: bad values give one "error: ..." line
+// naming the flag, before the model is loaded.
+TEST(Cli, EvalKiviFlagsRejectBadValuesWithOneLine) {
+  const std::string ids = " --ids-file " + temp_file("cli_kivi_ok.json", "[[1, 2, 3]]") + " --window 3";
+  const std::string m = kStories + " --threads 1 -q";
+  for (const std::string& cmd : {"perplexity " + m + ids, "compare " + m + " --prompts /nonexistent/prompts.txt"}) {
+    for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+             {" --kv-quantize int4 --kivi-group 3 --kivi-residual 128",
+              "--kivi-residual 128: expected a multiple of --kivi-group 3"},
+             {" --kv-quantize-k int5", "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2"},
+             {" --kv-quantize-v int4,bf8", "--kv-quantize-v bf8: expected one of"},
+             {" --kivi-group 0,x", "--kivi-group \"0,x\": expected a comma-separated list of integers >= 0"},
+             {" --kivi-group 16,32,64 --kivi-residual 64,128", "--kivi-group has 3 values and --kivi-residual 2"}}) {
+      expect_cli_error(cmd + args, needle);
+      const CliResult r = run_cli(cmd + args);
+      EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;  // one line
+    }
+  }
+}
+
+// End to end on stories260K: --kv-quantize int4 --kivi-group 0,32 gives two
+// result rows, labelled apart, and the two schemes really differ (the simple
+// one quantises every key; the grouped one keeps these few tokens in its
+// full-precision residual, so it matches fp32).
+TEST(Cli, PerplexityKiviGroupListGivesTwoRows) {
+  const std::string ids = temp_file("cli_kivi_ids.json", "[[1, 403, 407, 261, 378, 416, 280, 379, 264, 290, 260, 313, 268]]");
+  const std::string base = "perplexity " + kStories + " --ids-file " + ids + " --window 13 --cache-only --threads 1 -q";
+  CliResult r = run_cli(base + " --kv-quantize int4 --kivi-group 0,32 --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u) << r.out;
+  const auto& simple = j["results"][0];
+  const auto& grouped = j["results"][1];
+  EXPECT_EQ(simple["label"], "int4 simple");
+  EXPECT_EQ(grouped["label"], "int4 G32 R128");
+  EXPECT_EQ(simple["kivi_group"], 0);
+  EXPECT_EQ(grouped["kivi_group"], 32);
+  EXPECT_EQ(grouped["kivi_residual"], 128);
+  EXPECT_EQ(simple["kv_quantize_k"], "int4");
+  EXPECT_NE(simple["setting"].get<std::string>().find("simple scheme"), std::string::npos) << simple["setting"];
+  const double p_simple = simple["through_cache"]["ppl"], p_grouped = grouped["through_cache"]["ppl"];
+  EXPECT_NE(p_simple, p_grouped);
+  r = run_cli(base + " --json 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const double p_fp32 = nlohmann::json::parse(r.out)["results"][0]["through_cache"]["ppl"];
+  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 1e-6);
+  // The markdown table has the same two rows.
+  r = run_cli(base + " --kv-quantize int4 --kivi-group 0,32 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("| int4 simple |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| int4 G32 R128 |"), std::string::npos) << r.out;
+  // K/V halves: one setting, labelled with both.
+  r = run_cli(base + " --kv-quantize-k int4 --kv-quantize-v int2 --csv 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\nK int4 / V int2,"), std::string::npos) << r.out;
+}
+
+TEST(Cli, CompareKiviGroupListGivesTwoSettings) {
+  const std::string prompts = temp_file("cli_kivi_prompts.txt", "Once upon a time\nThe cat\n");
+  CliResult r = run_cli("compare " + kStories + " --prompts " + prompts +
+                        " --tokens 4 --kv-quantize int4 --kivi-group 0,32 --json --threads 1 -q 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["settings"].size(), 2u) << r.out;
+  EXPECT_EQ(j["settings"][0]["label"], "int4 simple");
+  EXPECT_EQ(j["settings"][1]["label"], "int4 G32 R128");
+  EXPECT_EQ(j["settings"][1]["kivi_residual"], 128);
 }
 
 }  // namespace
