@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -127,14 +128,27 @@ void add_sample_command(CLI::App& root) {
     StreamDecoder stream(*lm.tokenizer);
     g_interrupted = false;
     auto old = std::signal(SIGINT, on_sigint);
+    // Decode speed of each report interval, timed from token to token (the
+    // first interval starts at the first generated token, after the prefill).
+    auto mark = std::chrono::steady_clock::now();
+    int64_t mark_count = 1;
     GenerateStats st = session.generate(prompt, go, [&](int32_t id) {
       generated.push_back(id);
+      if (generated.size() == 1) mark = std::chrono::steady_clock::now();
       if (o->report_every > 0 && int64_t(generated.size()) % o->report_every == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        const double dt = std::chrono::duration<double>(now - mark).count();
+        const int64_t n = int64_t(generated.size()) - mark_count;
         const KVCache& c = session.cache();
         const auto st = stored_per_layer(c);
-        fmt::print(stderr, "[kv] generated {} · position {} · {} (max {}) · kv {} bytes · peak RSS {} KiB · anon RSS {} KiB\n",
+        fmt::print(stderr,
+                   "[kv] generated {} · position {} · {} (max {}) · kv {} bytes · peak RSS {} KiB · anon RSS {} KiB"
+                   " · decode {:.1f} tok/s over the last {}\n",
                    generated.size(), c.position(), stored_str(st), *std::max_element(st.begin(), st.end()),
-                   c.payload_bytes() + c.scale_bytes(), peak_rss_kib(), anon_rss_kib());
+                   c.payload_bytes() + c.scale_bytes(), peak_rss_kib(), anon_rss_kib(), dt > 0 ? double(n) / dt : 0.0,
+                   n);
+        mark = std::chrono::steady_clock::now();
+        mark_count = int64_t(generated.size());
       }
       if (!o->json) {
         std::string piece = stream.push(id);

@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -17,16 +18,28 @@ namespace {
 // average 14, spinning collapses to 3 tokens/s and passive keeps 259. So when
 // the user chose no policy we look at the load once at start-up: if the cores
 // are already busy we choose passive and restart ourselves once for libgomp
-// to see it; otherwise libgomp's default (spin) stays.
+// to see it; otherwise libgomp's default (spin) stays. "Busy" is the number of
+// tasks runnable right now (the 4th field of /proc/loadavg, less ourselves),
+// not the 1-minute average: that one still counts our own previous run, so
+// back-to-back runs on an idle machine would have gone passive (7x slower).
 void choose_omp_wait_policy(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  double load = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
-    std::fclose(f);
+  // Three readings 5 ms apart, the smallest kept: a single reading catches
+  // short-lived tasks (a shell, a kernel thread) as often as real load.
+  long running = 1L << 30;
+  for (int i = 0; i < 3; ++i) {
+    double avg1 = 0, avg5 = 0, avg15 = 0;
+    long r = 0, total = 0;
+    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(f, "%lf %lf %lf %ld/%ld", &avg1, &avg5, &avg15, &r, &total) == 5) running = std::min(running, r);
+      std::fclose(f);
+    }
+    if (i < 2) ::usleep(5000);
   }
+  if (running == 1L << 30) return;
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores <= 0 || load < 0.75 * double(cores)) return;
+  const long others = running - 1;  // the count includes this process
+  if (cores <= 0 || double(others) < 0.75 * double(cores)) return;
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
   ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
 }
