@@ -7,13 +7,21 @@
 // Tokens are deterministic pseudo-random ids: speed does not depend on them.
 // Results are mean ± sample standard deviation over the repeats, after one
 // untimed warm-up repeat (page faults of the mmapped weights, cache warm-up).
+//
+// --interleave-depths D1,D2,...: one cache per depth, each filled untimed to
+// its depth; then --repeat rounds in which every cache in turn decodes
+// --gen-tokens timed tokens. Alternating the caches within one process cancels
+// the drift of a shared machine, which a 1k-vs-100k comparison of separate
+// runs cannot (issue 8's flat-cost check: scripts/bench_flat.sh).
 #include <fmt/core.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -57,12 +65,87 @@ double peak_rss_mib() {
   return double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
 }
 
+// --interleave-depths: see the file comment.
+void run_interleaved(const LoadedModel& lm, const std::vector<int64_t>& depths, int64_t gen, int64_t repeat,
+                     const CacheOptions& copt, bool json, const std::string& path) {
+  const Model& model = *lm.model;
+  const auto& cfg = model.config();
+  if (gen < 1) fail("--interleave-depths needs --gen-tokens >= 1");
+  int64_t max_depth = 0;
+  for (int64_t d : depths) {
+    if (d < 0) fail("--interleave-depths {}: expected depths >= 0", d);
+    max_depth = std::max(max_depth, d);
+  }
+  std::mt19937_64 rng(1234);
+  std::uniform_int_distribution<int32_t> pick(std::min<int32_t>(3, cfg.vocab_size - 1), cfg.vocab_size - 1);
+  const int64_t total = gen * (repeat + 1);  // one untimed warm-up round
+  std::vector<int32_t> ids(size_t(max_depth + total));
+  for (auto& id : ids) id = pick(rng);
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  std::vector<std::unique_ptr<KVCache>> caches;
+  for (int64_t d : depths) {
+    caches.push_back(make_cache(model.cache_shape(std::max<int64_t>(d + total, 1)), copt));
+    KVCache& c = *caches.back();
+    for (int64_t off = 0; off < d;) {
+      const int64_t chunk = std::min<int64_t>({d - off, std::max<int64_t>(c.room(), 1), 512});
+      model.forward(ids.data() + off, chunk, c, logits.data(), false);
+      off += chunk;
+    }
+  }
+  using clock = std::chrono::steady_clock;
+  std::vector<std::vector<double>> tps(depths.size());
+  for (int64_t r = 0; r <= repeat; ++r)
+    for (size_t k = 0; k < depths.size(); ++k) {
+      KVCache& c = *caches[k];
+      const int64_t at = depths[k] + r * gen;
+      const auto t0 = clock::now();
+      for (int64_t i = 0; i < gen; ++i) model.forward(&ids[size_t(at + i)], 1, c, logits.data(), false);
+      const double s = std::chrono::duration<double>(clock::now() - t0).count();
+      if (r > 0) tps[k].push_back(double(gen) / s);
+    }
+  if (json) {
+    nlohmann::json j;
+    j["model"] = path;
+    j["threads"] = ops::num_threads();
+    j["cache"] = describe(copt);
+    j["peak_rss_mib"] = peak_rss_mib();
+    for (size_t k = 0; k < depths.size(); ++k) {
+      const Stat st = stats(tps[k]);
+      j["interleaved"].push_back({{"depth", depths[k]},
+                                  {"tokens", gen},
+                                  {"tps_mean", st.mean},
+                                  {"tps_sd", st.sd},
+                                  {"tps", tps[k]},
+                                  {"stored_at_end", caches[k]->stored(0)},
+                                  {"cache_bytes_at_end", caches[k]->payload_bytes() + caches[k]->scale_bytes()}});
+    }
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("model {} · {} threads · cache {} · {} interleaved rounds of {} tokens per depth\n", path,
+             ops::num_threads(), describe(copt), repeat, gen);
+  fmt::print("| test              |        tokens/s | ms/token | stored | cache bytes |\n"
+             "| ----------------- | --------------: | -------: | -----: | ----------: |\n");
+  for (size_t k = 0; k < depths.size(); ++k) {
+    const Stat st = stats(tps[k]);
+    fmt::print("| {:<17} | {:>7.1f} ± {:>5.1f} | {:>8.3f} | {:>6} | {:>11} |\n", fmt::format("tg{} @ d{}", gen, depths[k]),
+               st.mean, st.sd, 1000.0 / st.mean, caches[k]->stored(0),
+               caches[k]->payload_bytes() + caches[k]->scale_bytes());
+  }
+  if (depths.size() >= 2) {
+    const double first = stats(tps.front()).mean, last = stats(tps.back()).mean;
+    fmt::print("time per token at d{} / at d{}: {:.3f}\n", depths.back(), depths.front(), first / last);
+  }
+  fmt::print("peak RSS {:.1f} MiB\n", peak_rss_mib());
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& root) {
   struct Opts {
     std::string model;
     int64_t prompt_tokens = 512, gen_tokens = 128, repeat = 5, depth = 0;
+    std::vector<int64_t> interleave;
     bool json = false, no_warmup = false;
     int threads = 0;
     CacheOptions cache;
@@ -75,6 +158,10 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--repeat,-r", o->repeat, "Timed repetitions (default 5)");
   cmd->add_option("--depth,-d", o->depth,
                   "Tokens already in the cache before the decode test (filled untimed; default 0)");
+  cmd->add_option("--interleave-depths", o->interleave,
+                  "Comma list of depths: one cache per depth, filled untimed, then --repeat rounds of --gen-tokens "
+                  "timed decode steps on each cache in turn (prefill is not timed)")
+      ->delimiter(',');
   cmd->add_flag("--no-warmup", o->no_warmup, "Skip the untimed warm-up repetition");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   add_threads_flag(cmd, o->threads);
@@ -95,6 +182,10 @@ void add_bench_command(CLI::App& root) {
     // Deterministic ids, avoiding the first few (special) ids.
     std::mt19937_64 rng(1234);
     std::uniform_int_distribution<int32_t> pick(std::min<int32_t>(3, cfg.vocab_size - 1), cfg.vocab_size - 1);
+    if (!o->interleave.empty()) {
+      run_interleaved(lm, o->interleave, o->gen_tokens, o->repeat, o->cache, o->json, path);
+      return;
+    }
     const int64_t fill = std::max(o->prompt_tokens, o->depth);
     std::vector<int32_t> ids(size_t(fill + o->gen_tokens + 1));
     for (auto& id : ids) id = pick(rng);

@@ -3,7 +3,8 @@
 # "Long streams", "Greedy match"). Each command is printed, then its markdown
 # output. Usage: scripts/eval_tables.sh [SECTION...]   (default: all)
 #   sections: flagship-window flagship-window-kv flagship-stream flagship-8k
-#             flagship-compare stories-window stories-stream stories-compare
+#             flagship-8k-kivi flagship-compare flagship-bytes stories-window
+#             stories-stream stories-compare stories-bytes
 # Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
 # (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096).
 set -euo pipefail
@@ -34,18 +35,24 @@ run() {
   echo "($((SECONDS - t0)) s wall, --threads $THREADS)"
 }
 
+KV_ALL=fp32,fp16,bf16,int8,int4,int2
+# Grouped (default G 32, R 128) and the simple scheme (group 0) side by side;
+# --kivi-group pairs with --kivi-residual, plain modes run once.
+SCHEMES=(--kivi-group 32,0 --kivi-residual 128,0)
+
 section() {
   case $1 in
     flagship-window) run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache ;;
     flagship-window-kv)
-      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows "${KV_WINDOWS:-4}" --cache-only \
-        --kv-quantize fp32,fp16,bf16,int8,int4 ;;
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows "${KV_WINDOWS:-64}" --cache-only \
+        --kv-quantize $KV_ALL "${SCHEMES[@]}"
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows "${KV_WINDOWS:-64}" --cache-only \
+        --kv-quantize-k int4,int8 --kv-quantize-v int2,int4 ;;
     flagship-stream)
-      # One book (Alice, the shortest) to fit the 2-core machine's time; N tokens from its start.
-      run "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32 \
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 \
         --plot docs/eval_stream_flagship.svg
-      run "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
-        --streaming-llm-rope absolute,reposition --kv-quantize fp32,int8,int4 ;;
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
+        --streaming-llm-rope absolute --kv-quantize fp32,int8,int4 ;;
     flagship-8k)
       # Twice, to show the result is deterministic; memory stays flat (max stored <= sink + window).
       for r in a b; do
@@ -61,24 +68,38 @@ section() {
       else
         echo "NOT deterministic" && exit 1
       fi ;;
+    flagship-8k-kivi)
+      # Issue 6: 8,192 tokens of each book, sink 4 + window 252, reposition; grouped vs simple KIVI.
+      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 \
+        --kv-quantize fp32,int8,int4,int2 "${SCHEMES[@]}" ;;
     flagship-compare)
-      run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4 ;;
+      run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
+        "${SCHEMES[@]}" ;;
+    flagship-bytes)
+      for sch in "" "--kivi-group 0"; do
+        show "$BIN" cache-table $FLAG --lengths 256,512,1024,4096,8192 $sch; "$BIN" cache-table $FLAG --lengths 256,512,1024,4096,8192 $sch
+      done ;;
     stories-window)
       run "$BIN" perplexity $STORIES "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache \
-        --kv-quantize fp32,fp16,bf16,int8,int4 ;;
+        --kv-quantize $KV_ALL "${SCHEMES[@]}" ;;
     stories-stream)
       run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 \
         --plot docs/eval_stream_stories.svg
       run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
-        --streaming-llm-rope absolute,reposition --kv-quantize fp32,int8,int4 ;;
+        --streaming-llm-rope absolute --kv-quantize fp32,int8,int4 ;;
     stories-compare)
-      run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4 ;;
+      run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
+        "${SCHEMES[@]}" ;;
+    stories-bytes)
+      for sch in "" "--kivi-group 0"; do
+        show "$BIN" cache-table $STORIES --lengths 256,512,4096 $sch; "$BIN" cache-table $STORIES --lengths 256,512,4096 $sch
+      done ;;
     *) echo "unknown section $1" >&2; exit 1 ;;
   esac
 }
 
 if [ $# -eq 0 ]; then
-  set -- flagship-window flagship-window-kv flagship-stream flagship-8k flagship-compare stories-window \
-    stories-stream stories-compare
+  set -- flagship-window flagship-window-kv flagship-stream flagship-8k flagship-8k-kivi flagship-compare \
+    flagship-bytes stories-window stories-stream stories-compare stories-bytes
 fi
 for s in "$@"; do section "$s"; done

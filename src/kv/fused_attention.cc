@@ -258,6 +258,90 @@ __attribute__((target("avx2,fma,f16c"))) void value_run_avx2(const TokenRun& run
   bias = b_acc;
 }
 
+// ---- pre-RoPE fp32 rows (sinks, residual): scale * q . R(t) k ----
+
+void rot_rows_scalar(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
+                     float scale, float* scores) {
+  const int64_t half = hd / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* kt = k + t * hd;
+    const float* c = kcos + t * half;
+    const float* sn = ksin + t * half;
+    float acc = 0.f;
+    for (int64_t i = 0; i < half; ++i)
+      acc += c[i] * (q[i] * kt[i] + q[i + half] * kt[i + half]) + sn[i] * (q[i + half] * kt[i] - q[i] * kt[i + half]);
+    scores[t] = scale * acc;
+  }
+}
+
+template <int NB>
+__attribute__((target("avx512f,avx2,fma"))) void rot_rows_avx512(const float* q, const float* k, int64_t n,
+                                                                 const float* kcos, const float* ksin, float scale,
+                                                                 float* scores) {
+  constexpr int64_t half = 16 * NB, hd = 2 * half;
+  __m512 ql[NB], qh[NB];
+  for (int b = 0; b < NB; ++b) {
+    ql[b] = _mm512_loadu_ps(q + 16 * b);
+    qh[b] = _mm512_loadu_ps(q + half + 16 * b);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < NB; ++b) {
+      const __m512 kl = _mm512_loadu_ps(k + t * hd + 16 * b), kh = _mm512_loadu_ps(k + t * hd + half + 16 * b);
+      const __m512 a = _mm512_fmadd_ps(qh[b], kh, _mm512_mul_ps(ql[b], kl));
+      const __m512 bb = _mm512_fnmadd_ps(ql[b], kh, _mm512_mul_ps(qh[b], kl));
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(kcos + t * half + 16 * b), a, acc);
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(ksin + t * half + 16 * b), bb, acc);
+    }
+    scores[t] = scale * _mm512_reduce_add_ps(acc);
+  }
+}
+
+template <int NB>
+__attribute__((target("avx2,fma"))) void rot_rows_avx2(const float* q, const float* k, int64_t n, const float* kcos,
+                                                      const float* ksin, float scale, float* scores) {
+  constexpr int64_t half = 8 * NB, hd = 2 * half;
+  for (int64_t t = 0; t < n; ++t) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < NB; ++b) {
+      const __m256 ql = _mm256_loadu_ps(q + 8 * b), qh = _mm256_loadu_ps(q + half + 8 * b);
+      const __m256 kl = _mm256_loadu_ps(k + t * hd + 8 * b), kh = _mm256_loadu_ps(k + t * hd + half + 8 * b);
+      const __m256 a = _mm256_fmadd_ps(qh, kh, _mm256_mul_ps(ql, kl));
+      const __m256 bb = _mm256_fnmadd_ps(ql, kh, _mm256_mul_ps(qh, kl));
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(kcos + t * half + 8 * b), a, acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(ksin + t * half + 8 * b), bb, acc);
+    }
+    scores[t] = scale * hsum8(acc);
+  }
+}
+
+// scores[t] = scale * q . R(t) k_t for n consecutive fp32 rows k [n, hd] with
+// cos/sin rows [n, hd/2] starting at the same slot.
+void rotated_rows(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
+                  float scale, float* scores) {
+  if (n <= 0) return;
+  const ops::SimdLevel l = ops::simd_level();
+  const int64_t half = hd / 2;
+  if (l == ops::SimdLevel::Avx512) {
+    switch (half) {
+      case 16: return rot_rows_avx512<1>(q, k, n, kcos, ksin, scale, scores);
+      case 32: return rot_rows_avx512<2>(q, k, n, kcos, ksin, scale, scores);
+      case 64: return rot_rows_avx512<4>(q, k, n, kcos, ksin, scale, scores);
+      default: break;
+    }
+  }
+  if (l != ops::SimdLevel::Scalar) {
+    switch (half) {
+      case 8: return rot_rows_avx2<1>(q, k, n, kcos, ksin, scale, scores);
+      case 16: return rot_rows_avx2<2>(q, k, n, kcos, ksin, scale, scores);
+      case 32: return rot_rows_avx2<4>(q, k, n, kcos, ksin, scale, scores);
+      case 64: return rot_rows_avx2<8>(q, k, n, kcos, ksin, scale, scores);
+      default: break;
+    }
+  }
+  rot_rows_scalar(q, k, n, hd, kcos, ksin, scale, scores);
+}
+
 // ---- dispatch ----
 
 using KeyRunFn = void (*)(const TokenRun&, const KeyCoef&, const float*, const float*, float*);
@@ -297,16 +381,6 @@ ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) {
   return r.bits == 8 ? value_kernel<8>(l, hd) : r.bits == 4 ? value_kernel<4>(l, hd) : value_kernel<2>(l, hd);
 }
 
-// q . R(t) k for one fp32 (pre-RoPE) key row, scaled.
-float rotated_dot(const float* q, const float* k, const float* c, const float* s, int64_t half, float scale) {
-  float a[kHalfMax], b[kHalfMax];
-  for (int64_t i = 0; i < half; ++i) {
-    a[i] = q[i] * k[i] + q[i + half] * k[i + half];
-    b[i] = q[i + half] * k[i] - q[i] * k[i + half];
-  }
-  return scale * (ops::dot_f32(c, a, half) + ops::dot_f32(s, b, half));
-}
-
 }  // namespace
 
 void fused_key_scores(const GroupedKiviStore& K, int64_t head, const float* q, int64_t begin, int64_t end,
@@ -315,8 +389,9 @@ void fused_key_scores(const GroupedKiviStore& K, int64_t head, const float* q, i
   const int64_t ns = K.n_sink(), nq = K.n_quant();
   // Sinks: fp32.
   const float* sk = K.sink_rows(head);
-  for (int64_t t = begin; t < std::min(end, ns); ++t)
-    scores[t] = rotated_dot(q, sk + t * hd, kcos + t * half, ksin + t * half, half, scale);
+  const int64_t se = std::min(end, ns);
+  if (begin < se)
+    rotated_rows(q, sk + begin * hd, se - begin, hd, kcos + begin * half, ksin + begin * half, scale, scores + begin);
   // Quantised groups: scales and zeros folded into the query once per group.
   const int64_t qb = std::max<int64_t>(begin - ns, 0), qe = std::min(end - ns, nq);  // quantised indices
   if (qb < qe) {
@@ -341,16 +416,15 @@ void fused_key_scores(const GroupedKiviStore& K, int64_t head, const float* q, i
   }
   // Residual: fp32.
   const float* rk = K.resid_rows(head);
-  for (int64_t slot = std::max(begin, ns + nq); slot < end; ++slot)
-    scores[slot] = rotated_dot(q, rk + (slot - ns - nq) * hd, kcos + slot * half, ksin + slot * half, half, scale);
+  const int64_t rb = std::max(begin, ns + nq);
+  if (rb < end)
+    rotated_rows(q, rk + (rb - ns - nq) * hd, end - rb, hd, kcos + rb * half, ksin + rb * half, scale, scores + rb);
 }
 
 void fused_value_sum(const GroupedKiviStore& V, int64_t head, const float* p, int64_t len, float* out) {
   const int64_t hd = V.head_dim(), ns = V.n_sink(), nq = V.n_quant();
   std::fill(out, out + hd, 0.f);
-  const float* sv = V.sink_rows(head);
-  for (int64_t t = 0; t < std::min(len, ns); ++t)
-    if (p[t] != 0.f) ops::axpy(p[t], sv + t * hd, out, hd);
+  ops::weighted_sum_rows(p, V.sink_rows(head), std::min(len, ns), hd, out);
   // sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + sum_t p_t z_t
   const int64_t qend = std::min(nq, len - ns);
   if (qend > 0) {
@@ -363,9 +437,7 @@ void fused_value_sum(const GroupedKiviStore& V, int64_t head, const float* p, in
       value_run_scalar(run, V.range(), hd, V.token_param_base(head), p + ns, acc, bias);
     for (int64_t i = 0; i < hd; ++i) out[i] += acc[i] + bias;
   }
-  const float* rv = V.resid_rows(head);
-  for (int64_t slot = ns + nq; slot < len; ++slot)
-    if (p[slot] != 0.f) ops::axpy(p[slot], rv + (slot - ns - nq) * hd, out, hd);
+  if (len > ns + nq) ops::weighted_sum_rows(p + ns + nq, V.resid_rows(head), len - ns - nq, hd, out);
 }
 
 }  // namespace ptllm
