@@ -3,8 +3,9 @@
 # "Long streams", "Greedy match"). Each command is printed, then its markdown
 # output. Usage: scripts/eval_tables.sh [SECTION...]   (default: all)
 #   sections: flagship-window flagship-window-kv flagship-stream flagship-8k
-#             flagship-8k-kivi flagship-compare flagship-bytes stories-window
-#             stories-stream stories-compare stories-bytes
+#             flagship-8k-kivi flagship-compare flagship-compare-long
+#             flagship-bytes stories-window stories-stream stories-compare
+#             stories-compare-long stories-bytes
 # Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
 # (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096).
 set -euo pipefail
@@ -75,6 +76,11 @@ section() {
     flagship-compare)
       run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
         "${SCHEMES[@]}" ;;
+    flagship-compare-long)
+      # Longer generations, and a 32-token residual: with the default R 128 a
+      # 60-token generation never leaves the fp32 residual.
+      run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 300 --kv-quantize fp16,bf16,int8,int4,int2 \
+        --kivi-group 32,32,0 --kivi-residual 128,32,0 ;;
     flagship-bytes)
       for sch in "" "--kivi-group 0"; do
         show "$BIN" cache-table $FLAG --lengths 256,512,1024,4096,8192 $sch; "$BIN" cache-table $FLAG --lengths 256,512,1024,4096,8192 $sch
@@ -90,6 +96,9 @@ section() {
     stories-compare)
       run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
         "${SCHEMES[@]}" ;;
+    stories-compare-long)
+      run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 300 --kv-quantize fp16,bf16,int8,int4,int2 \
+        --kivi-group 32,32,0 --kivi-residual 128,32,0 ;;
     stories-bytes)
       for sch in "" "--kivi-group 0"; do
         show "$BIN" cache-table $STORIES --lengths 256,512,4096 $sch; "$BIN" cache-table $STORIES --lengths 256,512,4096 $sch
@@ -100,6 +109,6 @@ section() {
 
 if [ $# -eq 0 ]; then
   set -- flagship-window flagship-window-kv flagship-stream flagship-8k flagship-8k-kivi flagship-compare \
-    flagship-bytes stories-window stories-stream stories-compare stories-bytes
+    flagship-compare-long flagship-bytes stories-window stories-stream stories-compare stories-compare-long stories-bytes
 fi
 for s in "$@"; do section "$s"; done

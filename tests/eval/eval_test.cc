@@ -523,7 +523,11 @@ TEST(Cli, PerplexityKiviGroupListGivesTwoRows) {
   r = run_cli(base + " --json 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
   const double p_fp32 = nlohmann::json::parse(r.out)["results"][0]["through_cache"]["ppl"];
-  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 1e-6);
+  // Agreement to rounding, not bit for bit: the fp32 cache stores keys rotated
+  // at append, the grouped one rotates its (residual, full-precision) keys at
+  // read time, so the float operations differ (measured 1.5e-6 relative).
+  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 1e-5);
+  EXPECT_GT(std::fabs(p_simple / p_fp32 - 1.0), 1e-4);  // while the simple scheme really quantises
   // The markdown table has the same two rows.
   r = run_cli(base + " --kv-quantize int4 --kivi-group 0,32 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
