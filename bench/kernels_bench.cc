@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kv/cache_options.h"
+#include "kv/grouped_store.h"
 #include "ops/ops.h"
 
 namespace {
@@ -132,8 +133,52 @@ void BM_Attention(benchmark::State& st) {
 }
 BENCHMARK(BM_Attention)
     ->ArgsProduct({{256, 1024, 4096, 8192}, {int(KVStorage::F32), int(KVStorage::F16), int(KVStorage::Int8),
-                                             int(KVStorage::Int4)}, {0, 1}})
+                                             int(KVStorage::Int4), int(KVStorage::Int2)}, {0, 1}})
     ->ArgNames({"T", "storage", "absolute"});
+
+// Grouped KIVI (de)quantisation, flagship shapes (8 heads x 32): appending
+// tokens to a K (per-channel, arg 1 = 0) or V (per-token, arg 1 = 1) store,
+// which quantises one group of 32 every 32 tokens; and reading a 4,096-token
+// store back as fp32 (what the fused kernels avoid; used by tests and read()).
+// Arg 0: bits (8, 4, 2). items = tokens.
+void BM_KiviAppend(benchmark::State& st) {
+  const int bits = int(st.range(0));
+  const bool values = st.range(1) != 0;
+  const kivi::QuantRange r = bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : kivi::kInt2Range;
+  const int64_t H = 8, D = 32, T = 4096;
+  GroupedKiviStore store(values ? GroupedKiviStore::Axis::PerToken : GroupedKiviStore::Axis::PerChannel, r, H, T, D,
+                         4, 32, 128);
+  const auto x = randn(size_t(T * H * D), 5);
+  int64_t t = 0;
+  for (auto _ : st) {
+    if (t == T) {
+      st.PauseTiming();
+      store.clear();
+      t = 0;
+      st.ResumeTiming();
+    }
+    store.append(x.data() + t * H * D, 1);
+    ++t;
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()));
+}
+BENCHMARK(BM_KiviAppend)->ArgsProduct({{8, 4, 2}, {0, 1}})->ArgNames({"bits", "values"});
+
+void BM_KiviRead(benchmark::State& st) {
+  const int bits = int(st.range(0));
+  const kivi::QuantRange r = bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : kivi::kInt2Range;
+  const int64_t H = 8, D = 32, T = 4096;
+  GroupedKiviStore store(GroupedKiviStore::Axis::PerChannel, r, H, T, D, 4, 32, 128);
+  const auto x = randn(size_t(T * H * D), 6);
+  store.append(x.data(), T);
+  std::vector<float> out(size_t(T * D));
+  for (auto _ : st) {
+    for (int64_t h = 0; h < H; ++h) store.read(h, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * T * H * D);
+}
+BENCHMARK(BM_KiviRead)->Arg(8)->Arg(4)->Arg(2)->ArgName("bits");
 
 // One head's softmax attention over T fp32 rows (hd 32): per-key dot_f32/axpy
 // calls (Arg 1 = 0) against the blocked dot_rows/weighted_sum_rows (Arg 1 = 1).
