@@ -65,6 +65,26 @@ double peak_rss_mib() {
   return double(ru.ru_maxrss) / 1024.0;  // ru_maxrss is KiB on Linux
 }
 
+// n deterministic pseudo-random ids, avoiding the first few (special) ids.
+std::vector<int32_t> bench_ids(const ModelConfig& cfg, int64_t n) {
+  std::mt19937_64 rng(1234);
+  std::uniform_int_distribution<int32_t> pick(std::min<int32_t>(3, cfg.vocab_size - 1), cfg.vocab_size - 1);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = pick(rng);
+  return ids;
+}
+
+// Feeds ids[0, depth) into `cache` (untimed fill): chunks of at most 512, or
+// one token per step once a bounded cache is full.
+void fill_cache(const Model& model, const std::vector<int32_t>& ids, int64_t depth, KVCache& cache,
+                std::vector<float>& logits) {
+  for (int64_t off = 0; off < depth;) {
+    const int64_t chunk = std::min<int64_t>({depth - off, std::max<int64_t>(cache.room(), 1), 512});
+    model.forward(ids.data() + off, chunk, cache, logits.data(), false);
+    off += chunk;
+  }
+}
+
 // --interleave-depths: see the file comment.
 void run_interleaved(const LoadedModel& lm, const std::vector<int64_t>& depths, int64_t gen, int64_t repeat,
                      const CacheOptions& copt, bool json, const std::string& path) {
@@ -76,21 +96,13 @@ void run_interleaved(const LoadedModel& lm, const std::vector<int64_t>& depths, 
     if (d < 0) fail("--interleave-depths {}: expected depths >= 0", d);
     max_depth = std::max(max_depth, d);
   }
-  std::mt19937_64 rng(1234);
-  std::uniform_int_distribution<int32_t> pick(std::min<int32_t>(3, cfg.vocab_size - 1), cfg.vocab_size - 1);
   const int64_t total = gen * (repeat + 1);  // one untimed warm-up round
-  std::vector<int32_t> ids(size_t(max_depth + total));
-  for (auto& id : ids) id = pick(rng);
+  const std::vector<int32_t> ids = bench_ids(cfg, max_depth + total);
   std::vector<float> logits(size_t(cfg.vocab_size));
   std::vector<std::unique_ptr<KVCache>> caches;
   for (int64_t d : depths) {
     caches.push_back(make_cache(model.cache_shape(std::max<int64_t>(d + total, 1)), copt));
-    KVCache& c = *caches.back();
-    for (int64_t off = 0; off < d;) {
-      const int64_t chunk = std::min<int64_t>({d - off, std::max<int64_t>(c.room(), 1), 512});
-      model.forward(ids.data() + off, chunk, c, logits.data(), false);
-      off += chunk;
-    }
+    fill_cache(model, ids, d, *caches.back(), logits);
   }
   using clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> tps(depths.size());
@@ -179,16 +191,12 @@ void add_bench_command(CLI::App& root) {
     const Model& model = *lm.model;
     const auto& cfg = model.config();
 
-    // Deterministic ids, avoiding the first few (special) ids.
-    std::mt19937_64 rng(1234);
-    std::uniform_int_distribution<int32_t> pick(std::min<int32_t>(3, cfg.vocab_size - 1), cfg.vocab_size - 1);
     if (!o->interleave.empty()) {
       run_interleaved(lm, o->interleave, o->gen_tokens, o->repeat, o->cache, o->json, path);
       return;
     }
     const int64_t fill = std::max(o->prompt_tokens, o->depth);
-    std::vector<int32_t> ids(size_t(fill + o->gen_tokens + 1));
-    for (auto& id : ids) id = pick(rng);
+    const std::vector<int32_t> ids = bench_ids(cfg, fill + o->gen_tokens + 1);
 
     // An unbounded cache must hold the prefill, or the fill plus the decode.
     const int64_t capacity = std::max<int64_t>({o->prompt_tokens, o->depth + o->gen_tokens, 1});
@@ -221,11 +229,7 @@ void add_bench_command(CLI::App& root) {
       }
       if (o->gen_tokens > 0) {
         auto cache = make_cache(model.cache_shape(capacity), o->cache);
-        for (int64_t off = 0; off < o->depth;) {
-          const int64_t chunk = std::min<int64_t>({o->depth - off, std::max<int64_t>(cache->room(), 1), 512});
-          model.forward(ids.data() + off, chunk, *cache, logits.data(), false);
-          off += chunk;
-        }
+        fill_cache(model, ids, o->depth, *cache, logits);
         auto t0 = clock::now();
         const double c0 = process_cpu_seconds();
         for (int64_t i = 0; i < o->gen_tokens; ++i)

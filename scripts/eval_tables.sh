@@ -41,6 +41,29 @@ KV_ALL=fp32,fp16,bf16,int8,int4,int2
 # --kivi-group pairs with --kivi-residual, plain modes run once.
 SCHEMES=(--kivi-group 32,0 --kivi-residual 128,0)
 
+# Sections that run the same way on both models (MODEL, plus the plot file or lengths).
+streams() {
+  run "$BIN" perplexity "$1" "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 --plot "$2"
+  run "$BIN" perplexity "$1" "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
+    --streaming-llm-rope absolute --kv-quantize fp32,int8,int4
+}
+compare60() {
+  run "$BIN" compare "$1" --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
+    "${SCHEMES[@]}"
+}
+# Longer generations, and a 32-token residual: with the default R 128 a
+# 60-token generation never leaves the fp32 residual.
+compare300() {
+  run "$BIN" compare "$1" --prompts scripts/eval_prompts.txt --tokens 300 --kv-quantize fp16,bf16,int8,int4,int2 \
+    --kivi-group 32,32,0 --kivi-residual 128,32,0
+}
+bytes() {
+  for sch in "" "--kivi-group 0"; do
+    show "$BIN" cache-table "$1" --lengths "$2" $sch
+    "$BIN" cache-table "$1" --lengths "$2" $sch
+  done
+}
+
 section() {
   case $1 in
     flagship-window) run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache ;;
@@ -49,11 +72,7 @@ section() {
         --kv-quantize $KV_ALL "${SCHEMES[@]}"
       run "$BIN" perplexity $FLAG "${BOOKS[@]}" --window 512 --max-windows "${KV_WINDOWS:-64}" --cache-only \
         --kv-quantize-k int4,int8 --kv-quantize-v int2,int4 ;;
-    flagship-stream)
-      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 \
-        --plot docs/eval_stream_flagship.svg
-      run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
-        --streaming-llm-rope absolute --kv-quantize fp32,int8,int4 ;;
+    flagship-stream) streams $FLAG docs/eval_stream_flagship.svg ;;
     flagship-8k)
       # Twice, to show the result is deterministic; memory stays flat (max stored <= sink + window).
       for r in a b; do
@@ -73,36 +92,16 @@ section() {
       # Issue 6: 8,192 tokens of each book, sink 4 + window 252, reposition; grouped vs simple KIVI.
       run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 \
         --kv-quantize fp32,int8,int4,int2 "${SCHEMES[@]}" ;;
-    flagship-compare)
-      run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
-        "${SCHEMES[@]}" ;;
-    flagship-compare-long)
-      # Longer generations, and a 32-token residual: with the default R 128 a
-      # 60-token generation never leaves the fp32 residual.
-      run "$BIN" compare $FLAG --prompts scripts/eval_prompts.txt --tokens 300 --kv-quantize fp16,bf16,int8,int4,int2 \
-        --kivi-group 32,32,0 --kivi-residual 128,32,0 ;;
-    flagship-bytes)
-      for sch in "" "--kivi-group 0"; do
-        show "$BIN" cache-table $FLAG --lengths 256,512,1024,4096,8192 $sch; "$BIN" cache-table $FLAG --lengths 256,512,1024,4096,8192 $sch
-      done ;;
+    flagship-compare) compare60 $FLAG ;;
+    flagship-compare-long) compare300 $FLAG ;;
+    flagship-bytes) bytes $FLAG 256,512,1024,4096,8192 ;;
     stories-window)
       run "$BIN" perplexity $STORIES "${BOOKS[@]}" --window 512 --max-windows 64 --through-cache \
         --kv-quantize $KV_ALL "${SCHEMES[@]}" ;;
-    stories-stream)
-      run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 \
-        --plot docs/eval_stream_stories.svg
-      run "$BIN" perplexity $STORIES "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
-        --streaming-llm-rope absolute --kv-quantize fp32,int8,int4 ;;
-    stories-compare)
-      run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 60 --kv-quantize fp16,bf16,int8,int4,int2 \
-        "${SCHEMES[@]}" ;;
-    stories-compare-long)
-      run "$BIN" compare $STORIES --prompts scripts/eval_prompts.txt --tokens 300 --kv-quantize fp16,bf16,int8,int4,int2 \
-        --kivi-group 32,32,0 --kivi-residual 128,32,0 ;;
-    stories-bytes)
-      for sch in "" "--kivi-group 0"; do
-        show "$BIN" cache-table $STORIES --lengths 256,512,4096 $sch; "$BIN" cache-table $STORIES --lengths 256,512,4096 $sch
-      done ;;
+    stories-stream) streams $STORIES docs/eval_stream_stories.svg ;;
+    stories-compare) compare60 $STORIES ;;
+    stories-compare-long) compare300 $STORIES ;;
+    stories-bytes) bytes $STORIES 256,512,4096 ;;
     *) echo "unknown section $1" >&2; exit 1 ;;
   esac
 }

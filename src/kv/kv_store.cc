@@ -61,27 +61,11 @@ class PlainStore : public KVStore {
   void evict(int64_t begin, int64_t end) override {
     if (begin < 0 || end < begin || end > len_) fail("KV store: evict [{}, {}) of {} slots", begin, end, len_);
     if (begin == end) return;
-    if (begin == sink_cap_) {  // the oldest non-sink slots: move the ring's start
-      ring_.pop_front(end - begin);
-      len_ -= end - begin;
-      return;
-    }
-    // Any other range (not used by the cache): rebuild in logical order.
-    const int64_t hd = head_dim_, kept = len_ - (end - begin);
-    std::vector<Elem> rows(static_cast<size_t>(n_heads_ * kept * hd));
-    for (int64_t h = 0; h < n_heads_; ++h) {
-      int64_t k = 0;
-      for (int64_t s = 0; s < len_; ++s)
-        if (s < begin || s >= end) std::copy_n(row_ptr(h, s), hd, rows.data() + (h * kept + k++) * hd);
-    }
-    len_ = 0;
-    ring_.clear();
-    for (int64_t s = 0; s < kept; ++s) {
-      const int64_t row = s < sink_cap_ ? s : sink_cap_ + ring_.push_back();
-      for (int64_t h = 0; h < n_heads_; ++h)
-        std::copy_n(rows.data() + (h * kept + s) * hd, hd, data_.data() + (h * capacity_ + row) * hd);
-    }
-    len_ = kept;
+    // The cache only ever drops the oldest non-sink slots: move the ring's start.
+    if (begin != sink_cap_)
+      fail("KV store: evict [{}, {}) must start at the first non-sink slot {}", begin, end, sink_cap_);
+    ring_.pop_front(end - begin);
+    len_ -= end - begin;
   }
   void read(int64_t head, float* out) const override {
     SlotPiece pc[3];
@@ -125,10 +109,6 @@ class PlainStore : public KVStore {
   }
 
  private:
-  const Elem* row_ptr(int64_t head, int64_t slot) const {
-    const int64_t row = slot < sink_cap_ ? slot : sink_cap_ + ring_.phys(slot - sink_cap_);
-    return data_.data() + (head * capacity_ + row) * head_dim_;
-  }
   static Elem encode(float x) {
     if constexpr (D == DType::F32) return x;
     if constexpr (D == DType::F16) return f32_to_f16(x);

@@ -54,7 +54,8 @@ class KVStore {
 
   // Appends n rows per head. x: [n, n_heads, head_dim] (fp32). size()+n <= capacity.
   virtual void append(const float* x, int64_t n) = 0;
-  // Removes slots [begin, end); later slots move down.
+  // Removes slots [begin, end); later slots move down. Plain and grouped
+  // stores take only the oldest non-sink slots (begin == their sink count).
   virtual void evict(int64_t begin, int64_t end) = 0;
   // All stored rows of `head` as fp32: out [size(), head_dim].
   virtual void read(int64_t head, float* out) const = 0;

@@ -139,14 +139,19 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   struct Run {
     int64_t begin, end, off;
   };
+  // Only plain keys under reposition and quantised keys under absolute use
+  // `off`; otherwise one run covers every slot.
   std::vector<Run> runs;
-  const bool need_runs = reposition != keys_prerope_;
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t off = need_runs ? kp[t] - t : 0;
-    if (runs.empty() || runs.back().off != off)
-      runs.push_back({t, t + 1, off});
-    else
-      runs.back().end = t + 1;
+  if (reposition != keys_prerope_) {
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t off = kp[t] - t;
+      if (runs.empty() || runs.back().off != off)
+        runs.push_back({t, t + 1, off});
+      else
+        runs.back().end = t + 1;
+    }
+  } else if (len > 0) {
+    runs.push_back({0, len, 0});
   }
   const int64_t nr = int64_t(runs.size());
   std::vector<float> qcos(static_cast<size_t>(n * nr * half)), qsin(qcos.size());

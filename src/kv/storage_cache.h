@@ -39,8 +39,9 @@ class StorageKVCache : public KVCache {
   void clear() override;
 
   const CacheOptions& options() const { return opt_; }
-  // Stored keys/values of (layer, kv head) as fp32 [stored, head_dim], exactly
-  // what attention reads (keys before the read-time rotation). For tests.
+  // Stored keys/values of (layer, kv head) as fp32 [stored, head_dim], as
+  // stored: plain keys rotated at their position, quantised keys un-rotated
+  // (dequantised). For tests.
   std::vector<float> read_keys(int64_t layer, int64_t head) const;
   std::vector<float> read_values(int64_t layer, int64_t head) const;
   // Absolute position of each stored slot of `layer`.
