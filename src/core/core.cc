@@ -14,6 +14,14 @@ std::string_view dtype_name(DType t) {
     case DType::I4: return "I4";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::Q8_0: return "Q8_0";
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
+    case DType::Q5_0: return "Q5_0";
+    case DType::Q5_1: return "Q5_1";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q5_K: return "Q5_K";
+    case DType::Q6_K: return "Q6_K";
   }
   return "?";
 }

@@ -8,22 +8,56 @@
 
 namespace ptllm {
 
-enum class DType : uint8_t { F32, F16, BF16, I8, I4, I32, I64 };
+// F32..I64 are element types. Q8_0 .. Q6_K are GGUF's block-quantised weight
+// types (ggml's layouts): a row of `cols` elements is cols / block_elems(t)
+// blocks of block_bytes(t) bytes each; the kernels live in src/ops.
+enum class DType : uint8_t { F32, F16, BF16, I8, I4, I32, I64, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
 
-// Bytes per element; I4 is packed two per byte and reports 0 here (use storage_bytes()).
+constexpr bool is_block_quantised(DType t) { return t >= DType::Q8_0; }
+
+// Elements per block (1 for element types).
+constexpr size_t block_elems(DType t) {
+  switch (t) {
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: return 32;
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return 256;
+    default: return 1;
+  }
+}
+
+// Bytes per block: Q8_0 = f16 d + 32 i8; Q4_0 = d + 16 nibble bytes; Q4_1 = d, m
+// + 16; Q5_0 = d + 4 high-bit bytes + 16; Q5_1 = d, m + 4 + 16; Q4_K = d, dmin +
+// 12 packed 6-bit scales/mins + 128; Q5_K = the same + 32 high-bit bytes; Q6_K =
+// 128 low nibbles + 64 high 2-bit + 16 i8 scales + f16 d.
+constexpr size_t block_bytes(DType t) {
+  switch (t) {
+    case DType::Q8_0: return 34;
+    case DType::Q4_0: return 18;
+    case DType::Q4_1: return 20;
+    case DType::Q5_0: return 22;
+    case DType::Q5_1: return 24;
+    case DType::Q4_K: return 144;
+    case DType::Q5_K: return 176;
+    case DType::Q6_K: return 210;
+    default: return 0;
+  }
+}
+
+// Bytes per element; I4 is packed two per byte and block types have no
+// per-element size: both report 0 here (use storage_bytes()).
 constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::I8: return 1;
     case DType::I64: return 8;
-    case DType::I4: return 0;
+    default: return 0;
   }
-  return 0;
 }
 
-// Bytes needed for n elements (rounds packed int4 up to whole bytes).
+// Bytes needed for n elements (rounds packed int4 up to whole bytes, block
+// types up to whole blocks; a block type's rows hold whole blocks).
 constexpr size_t storage_bytes(DType t, size_t n) {
+  if (is_block_quantised(t)) return (n + block_elems(t) - 1) / block_elems(t) * block_bytes(t);
   return t == DType::I4 ? (n + 1) / 2 : n * dtype_size(t);
 }
 

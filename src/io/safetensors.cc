@@ -33,7 +33,7 @@ std::string safetensors_dtype_name(DType t) {
     case DType::I8: return "I8";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
-    case DType::I4: break;
+    default: break;
   }
   fail("safetensors cannot store dtype {}", dtype_name(t));
 }
