@@ -1,7 +1,7 @@
 // The cache behind every --kv-quantize / --streaming-llm-* setting: two
-// KVStores per layer (K and V in fp32, fp16, bf16 or KIVI int8/int4), an
-// optional StreamingLLM bound (N sinks + last M tokens), and attention that
-// reads each head back as fp32.
+// KVStores per layer (K and V in fp32, fp16, bf16 or KIVI int8/int4/int2), an
+// optional StreamingLLM bound (N sinks + last M tokens), and attention over
+// what the stores hold.
 //
 // RoPE: with `reposition` (default) a query at slot s sees the key at slot t
 // at distance s - t (positions 0..len-1 by slot); without eviction slot ==
