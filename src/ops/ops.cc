@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/quant.h"
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -180,7 +181,9 @@ float dot_row(const void* row, DType dtype, const float* x, int64_t n) {
     case DType::F32: return g_k->dot_f32(static_cast<const float*>(row), x, n);
     case DType::BF16: return g_k->dot_bf16(static_cast<const uint16_t*>(row), x, n);
     case DType::F16: return g_k->dot_f16(static_cast<const uint16_t*>(row), x, n);
-    default: fail("dot_row: unsupported weight dtype {}", dtype_name(dtype));
+    default:
+      if (is_block_quantised(dtype)) return qdot_row_f32(dtype, row, x, n);
+      fail("dot_row: unsupported weight dtype {}", dtype_name(dtype));
   }
 }
 
@@ -195,7 +198,9 @@ void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
     case DType::F16:
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(static_cast<const uint16_t*>(src)[i]);
       return;
-    default: fail("to_f32: unsupported dtype {}", dtype_name(dtype));
+    default:
+      if (is_block_quantised(dtype)) return dequantize_row(dtype, src, dst, n);
+      fail("to_f32: unsupported dtype {}", dtype_name(dtype));
   }
 }
 
@@ -618,6 +623,8 @@ void check_matmul(const TensorView& w, const float* x, const float* y) {
 
 void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n_jobs) {
   if (n_jobs <= 0 || n_tokens <= 0) return;
+  for (int j = 0; j < n_jobs; ++j)
+    if (is_block_quantised(jobs[j].w->dtype)) return qmatmul_multi(x, n_tokens, jobs, n_jobs);
   int64_t in = jobs[0].w->cols();
   bool fast = true;
   for (int j = 0; j < n_jobs; ++j) {
@@ -674,6 +681,8 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
   if (w_gate.shape != w_up.shape)
     fail("matmul_swiglu: gate {} and up {} shapes differ", shape_str(w_gate.shape), shape_str(w_up.shape));
   if (n_tokens <= 0) return;
+  if (is_block_quantised(w_gate.dtype) || is_block_quantised(w_up.dtype))
+    return qmatmul_swiglu(w_gate, w_up, x, n_tokens, gate, up);
   const int64_t F = w_gate.rows(), in = w_gate.cols();
   if (!fast_matmul(w_gate) || !fast_matmul(w_up)) {
     matmul_generic(w_gate, x, n_tokens, gate, nullptr);
