@@ -59,6 +59,14 @@ inline void k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
   }
 }
 
+// Round to nearest, ties to even, for finite |v| < 2^22 (larger values are
+// clamped first): adding 1.5 * 2^23 leaves no fraction bits. std::nearbyint
+// is a libm call on baseline x86-64 and dominated the quantisers' time.
+inline int round_nearest(float v) {
+  v = v < -4194303.f ? -4194303.f : v > 4194303.f ? 4194303.f : v;
+  return int((v + 12582912.f) - 12582912.f);
+}
+
 // ---------- int8 activation blocks ----------
 // For the 32-element weight types: x[i] ~= d * qs[i]; s = d * sum(qs) (the
 // offset/min terms of Q4_0 .. Q5_1 need it).

@@ -13,7 +13,11 @@
 namespace ptllm::ops::q {
 namespace {
 
-int nearest(float v) { return int(std::nearbyint(v)); }
+int nearest(float v) { return round_nearest(v); }
+
+// The affine search: kTrialsLo x kTrialsHi starting ranges, each refit kRefits times.
+constexpr int kTrialsLo = 3, kTrialsHi = 3, kRefits = 2;
+constexpr float kShrinkStep = 0.05f;
 
 // Affine fit of n values to x ~= scale * L - mn_neg, L in [0, nmax], with the
 // offset restricted to <= 0 as the K types store it (x = d*sc*q - dmin*m,
@@ -33,13 +37,14 @@ float fit_affine(const float* x, int n, int nmax, float* mn_neg) {
   int L[32];
   // Starting ranges: the full [lo, hi] and ones trimmed at either end; each is
   // refined by alternating rounding and a least-squares refit (twice).
-  for (int trial = 0; trial < 12; ++trial) {
-    const float shrink_lo = 0.04f * float(trial % 4), shrink_hi = 0.04f * float(trial / 4);
+  for (int trial = 0; trial < kTrialsLo * kTrialsHi; ++trial) {
+    const float shrink_lo = kShrinkStep * float(trial % kTrialsLo), shrink_hi = kShrinkStep * float(trial / kTrialsLo);
     float mn = lo * (1.f - shrink_lo);
     float scale = (hi - (hi - lo) * shrink_hi - mn) / float(nmax);
     if (scale <= 0.f) continue;
-    for (int it = 0; it < 3; ++it) {
-      for (int i = 0; i < n; ++i) L[i] = std::clamp(nearest((x[i] - mn) / scale), 0, nmax);
+    for (int it = 0; it < kRefits; ++it) {
+      const float inv = 1.f / scale;
+      for (int i = 0; i < n; ++i) L[i] = std::clamp(nearest((x[i] - mn) * inv), 0, nmax);
       // min over (s, m) of sum (s*L + m - x)^2, m <= 0.
       double sl = 0, sll = 0, sx = 0, slx = 0;
       for (int i = 0; i < n; ++i) {
@@ -60,8 +65,9 @@ float fit_affine(const float* x, int n, int nmax, float* mn_neg) {
       mn = float(m);
     }
     float err = 0.f;
+    const float inv = 1.f / scale;
     for (int i = 0; i < n; ++i) {
-      const int l = std::clamp(nearest((x[i] - mn) / scale), 0, nmax);
+      const int l = std::clamp(nearest((x[i] - mn) * inv), 0, nmax);
       const float e = scale * float(l) + mn - x[i];
       err += e * e;
     }

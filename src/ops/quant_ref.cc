@@ -272,7 +272,7 @@ namespace q {
 // Round-to-nearest-even of x * id, clamped to [-127, 127].
 inline int8_t q8(float v) {
   if (!(v == v)) return 0;  // NaN (a non-finite block): its scale is NaN anyway
-  return int8_t(std::clamp(std::nearbyint(v), -127.f, 127.f));
+  return int8_t(std::clamp(round_nearest(v), -127, 127));
 }
 
 void quantize_act(DType t, const float* x, int64_t n, std::byte* dst) {
