@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/quant.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
@@ -255,6 +256,8 @@ void check_matmul(const TensorView& w, const float* x, const float* y) {
 
 void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n_jobs) {
   if (n_jobs <= 0 || n_tokens <= 0) return;
+  for (int j = 0; j < n_jobs; ++j)
+    if (is_block_quantised(jobs[j].w->dtype)) return qmatmul_multi(x, n_tokens, jobs, n_jobs);
   int64_t in = jobs[0].w->cols();
   bool fast = true;
   for (int j = 0; j < n_jobs; ++j) {
@@ -311,6 +314,8 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
   if (w_gate.shape != w_up.shape)
     fail("matmul_swiglu: gate {} and up {} shapes differ", shape_str(w_gate.shape), shape_str(w_up.shape));
   if (n_tokens <= 0) return;
+  if (is_block_quantised(w_gate.dtype) || is_block_quantised(w_up.dtype))
+    return qmatmul_swiglu(w_gate, w_up, x, n_tokens, gate, up);
   const int64_t F = w_gate.rows(), in = w_gate.cols();
   if (!fast_matmul(w_gate) || !fast_matmul(w_up)) {
     matmul_generic(w_gate, x, n_tokens, gate, nullptr);

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "ops/quant.h"
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -202,7 +203,9 @@ float dot_row(const void* row, DType dtype, const float* x, int64_t n) {
     case DType::F32: return g_k.dot_f32(static_cast<const float*>(row), x, n);
     case DType::BF16: return g_k.dot_bf16(static_cast<const uint16_t*>(row), x, n);
     case DType::F16: return g_k.dot_f16(static_cast<const uint16_t*>(row), x, n);
-    default: fail("dot_row: unsupported weight dtype {}", dtype_name(dtype));
+    default:
+      if (is_block_quantised(dtype)) return qdot_row_f32(dtype, row, x, n);
+      fail("dot_row: unsupported weight dtype {}", dtype_name(dtype));
   }
 }
 
@@ -217,7 +220,9 @@ void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
     case DType::F16:
       g_k.widen_f16(static_cast<const uint16_t*>(src), dst, n);
       return;
-    default: fail("to_f32: unsupported dtype {}", dtype_name(dtype));
+    default:
+      if (is_block_quantised(dtype)) return dequantize_row(dtype, src, dst, n);
+      fail("to_f32: unsupported dtype {}", dtype_name(dtype));
   }
 }
 
