@@ -531,7 +531,8 @@ bool starts_with_word(std::string_view s) {
 }
 
 // HF AddedVocabulary::find_matches + split_with_indices.
-void split_added(const Impl& t, const TokenTrie& trie, std::string text, bool at_origin, std::vector<Segment>& out) {
+void split_added(const Impl& t, const TokenTrie& trie, std::string text, bool at_origin, bool parse_special,
+                 std::vector<Segment>& out) {
   if (text.empty()) return;
   if (trie.empty()) {
     out.push_back({std::move(text), -1, at_origin});
@@ -555,6 +556,7 @@ void split_added(const Impl& t, const TokenTrie& trie, std::string text, bool at
     size_t start = pos, stop = pos + len;
     pos = stop;
     const AddedToken& tok = t.added[size_t(idx)];
+    if (tok.special && !parse_special) continue;
     if (tok.single_word) {
       const bool start_space = start == 0 || !ends_with_word(s.substr(0, start));
       const bool stop_space = stop == n || !starts_with_word(s.substr(stop));
@@ -589,7 +591,8 @@ void split_added(const Impl& t, const TokenTrie& trie, std::string text, bool at
 }
 }  // namespace
 
-std::vector<int32_t> Impl::encode(std::string_view text, bool add_special) const {
+std::vector<int32_t> Impl::encode(std::string_view text, bool add_special, bool parse_special) const {
+  if (llama) return llama->encode(*this, text, add_special, parse_special);
   size_t bad_at = 0;
   if (!utf8_valid(text, &bad_at) && !bpe.byte_fallback && !byte_level)
     fail("tokenizer input: invalid UTF-8 at byte offset {} (this tokenizer has neither byte fallback nor a "
@@ -599,14 +602,14 @@ std::vector<int32_t> Impl::encode(std::string_view text, bool add_special) const
   // 1. Added tokens that match the raw text; 2. normalize what is left and
   // match the normalized added tokens in it.
   std::vector<Segment> raw, segs;
-  split_added(*this, trie_raw, std::string(text), true, raw);
+  split_added(*this, trie_raw, std::string(text), true, parse_special, raw);
   for (Segment& sg : raw) {
     if (sg.added >= 0) {
       segs.push_back(std::move(sg));
       continue;
     }
     if (normalizer) normalizer->apply(sg.text);
-    split_added(*this, trie_normalized, std::move(sg.text), sg.at_origin, segs);
+    split_added(*this, trie_normalized, std::move(sg.text), sg.at_origin, parse_special, segs);
   }
 
   std::vector<int32_t> ids;

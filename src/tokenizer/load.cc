@@ -467,8 +467,7 @@ void parse_bpe(const json& m, RawModel& raw, const Ctx& c, Bpe& bpe) {
     }
     if (ok) bpe.split_marker = kMarker;
   }
-  static std::atomic<uint64_t> next_uid{1};
-  bpe.uid = next_uid.fetch_add(1);
+  bpe.uid = next_model_uid();
 }
 
 // See Bpe::raw_bytes. Only when ByteLevel is the very last stage (nothing
@@ -525,6 +524,11 @@ std::optional<std::string> config_token(const json& cfg, const char* key, bool* 
 }
 
 }  // namespace
+
+uint64_t next_model_uid() {
+  static std::atomic<uint64_t> next_uid{1};
+  return next_uid.fetch_add(1);
+}
 
 std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view config_text, const std::string& where) {
   Ctx c{where, std::max<int64_t>(int64_t(json_text.size()), int64_t(1) << 16)};
