@@ -59,9 +59,11 @@ const PreSpec& find_pre(const std::string& pre, const std::string& where) {
 }
 
 // llama.cpp forces tokens with these texts to be control tokens (end of
-// generation / fill-in-the-middle markers that converters left as normal).
+// generation / fill-in-the-middle markers that converters left as normal or
+// user-defined; "</s>": Phi-3's is user-defined in its GGUF, yet llama.cpp
+// does not match it without special parsing).
 bool forced_control(std::string_view s) {
-  static const std::array<std::string_view, 40> texts = {
+  static const std::array<std::string_view, 41> texts = {"</s>", 
       "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
       "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|fim_prefix|>", "<fim-prefix>",
       "<fim_prefix>", "<PRE>", "\xE2\x96\x81<PRE>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>",
