@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 
 #include "core/error.h"
 #include "tokenizer/gguf_vocab.h"
@@ -145,6 +146,8 @@ Tokenizer tokenizer_from_gguf_vocab(const GgufVocab& v, const std::string& where
   bpe.uid = tok_detail::next_model_uid();
 
   lv->scores = v.scores.empty() ? std::vector<float>(n, 0.0f) : v.scores;
+  for (size_t id = 0; id < n; ++id)  // NaN would break the merge queue's ordering
+    if (std::isnan(lv->scores[id])) fail("{}: tokenizer.ggml.scores[{}] is NaN", where, id);
   lv->type.assign(n, int32_t(GgufTokenType::Normal));
   for (size_t id = 0; id < v.token_type.size(); ++id) {
     const int32_t ty = v.token_type[id];

@@ -4,6 +4,8 @@
 // load errors. Ids are integers: exact equality, no tolerance.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -268,6 +270,11 @@ TEST(GgufVocab, LoadErrors) {
   } catch (const ptllm::Error& e) {
     EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.pre 'no-such-pre'"), std::string::npos) << e.what();
   }
+  v.model = "llama";
+  v.scores = {0, 0, std::nanf(""), 0};
+  EXPECT_THROW(ptllm::tokenizer_from_gguf_vocab(v, "x.gguf"), ptllm::Error);  // NaN score
+  v.scores.clear();
+  v.model = "gpt2";
   v.pre = "gpt-2";
   v.merges = {"a b"};
   EXPECT_THROW(ptllm::tokenizer_from_gguf_vocab(v, "x.gguf"), ptllm::Error);  // merge of unknown tokens
@@ -277,6 +284,42 @@ TEST(GgufVocab, LoadErrors) {
   const std::string path = testing::TempDir() + "/no_vocab.gguf";
   w.write(path);
   EXPECT_THROW(ptllm::tokenizer_from_gguf(GgufFile(path)), ptllm::Error);
+  std::filesystem::remove(path);
+}
+
+// `tokenize` on a .gguf: same flags and JSON as for tokenizer.json.
+std::string run_cli(const std::string& args, int* status) {
+  const std::string cmd = std::string(PTLLM_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+TEST(GgufVocab, TokenizeCommand) {
+  const std::string spm = kVocab + "ggml-vocab-llama-spm.gguf";
+  int st = 0;
+  json j = json::parse(run_cli("tokenize " + spm + " --text 'Hello world' --json", &st));
+  EXPECT_EQ(st, 0);
+  EXPECT_EQ(j.at("ids"), json({1, 15043, 3186}));
+  EXPECT_EQ(j.at("pieces"), json({"<s>", "\u2581Hello", "\u2581world"}));
+  j = json::parse(run_cli("tokenize " + spm + " --text 'Hello world</s>' --no-special --json", &st));
+  EXPECT_EQ(j.at("ids"), json({15043, 3186, 829, 29879, 29958}));  // no BOS, "</s>" as text
+  j = json::parse(run_cli("tokenize " + spm + " --text 'Hello world</s>' --json", &st));
+  EXPECT_EQ(j.at("ids"), json({1, 15043, 3186, 2}));
+  j = json::parse(run_cli("tokenize " + kVocab + "ggml-vocab-gpt-2.gguf --decode 15496,995 --json", &st));
+  EXPECT_EQ(j.at("text"), "Hello world");
+  // A GGUF without a vocabulary: one error line naming the file and key.
+  ptllm::GgufWriter w;
+  w.set_string("general.architecture", "llama");
+  const std::string path = testing::TempDir() + "/cli_no_vocab.gguf";
+  w.write(path);
+  const std::string err = run_cli("tokenize " + path + " --text hi", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(err.find("tokenizer.ggml.model"), std::string::npos) << err;
   std::filesystem::remove(path);
 }
 
