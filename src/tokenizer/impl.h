@@ -267,6 +267,10 @@ struct LlamaVocab {
   std::vector<int32_t> specials;        // control/user-defined/unknown ids, longest text first
   std::vector<uint8_t> lstrip, rstrip;  // by id: eat whitespace around a matched special
   bool add_space_prefix = false, add_bos = false, add_eos = false;
+  // SPM: every token holding U+2581 has it only as a leading run, so no merge
+  // can join "x" and a following U+2581 (x not U+2581): valid UTF-8 text is cut
+  // there and each part merged alone, with identical ids (as Bpe::split_marker).
+  bool spm_cut = false;
   int32_t bos = -1, eos = -1;
   std::string where;                    // source, for errors
   std::vector<std::shared_ptr<Regex>> splits;  // gpt2: pre-tokenizer regexes, applied in order

@@ -195,7 +195,20 @@ std::vector<int32_t> LlamaVocab::encode(const Impl& t, std::string_view text, bo
         if (c == ' ') escaped.append(kSpace);
         else escaped.push_back(c);
       }
-      spm_tokenize(t, escaped, ids);
+      if (!spm_cut || !utf8_valid(escaped)) {
+        spm_tokenize(t, escaped, ids);
+      } else {
+        const std::string_view e = escaped;
+        size_t seg = 0;
+        for (size_t pos = e.find(kSpace, 1); pos != std::string_view::npos;
+             pos = e.find(kSpace, pos + kSpace.size())) {
+          const bool after_space = pos >= kSpace.size() && e.compare(pos - kSpace.size(), kSpace.size(), kSpace) == 0;
+          if (after_space) continue;
+          spm_tokenize(t, e.substr(seg, pos - seg), ids);
+          seg = pos;
+        }
+        spm_tokenize(t, e.substr(seg), ids);
+      }
       prev_special = false;
       continue;
     }

@@ -175,6 +175,18 @@ Tokenizer tokenizer_from_gguf_vocab(const GgufVocab& v, const std::string& where
       if (int32_t id = bpe.vocab_map.find(s); id >= 0) lv->rstrip[size_t(id)] = 0;
   }
 
+  if (lv->spm) {
+    static const std::string kSpace = "\xE2\x96\x81";
+    lv->spm_cut = true;
+    for (const std::string& tok : bpe.vocab) {
+      size_t k = 0;
+      while (tok.compare(k, kSpace.size(), kSpace) == 0) k += kSpace.size();
+      if (tok.find(kSpace, k) != std::string::npos) {
+        lv->spm_cut = false;
+        break;
+      }
+    }
+  }
   int32_t bos = 1, eos = 2;
   if (lv->spm) {
     lv->add_space_prefix = true;

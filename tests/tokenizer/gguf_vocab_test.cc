@@ -15,6 +15,7 @@
 #include "io/gguf.h"
 #include "tokenizer/gguf_file.h"
 #include "tokenizer/gguf_vocab.h"
+#include "tokenizer/impl.h"
 #include "tokenizer/tokenizer.h"
 
 using nlohmann::json;
@@ -197,6 +198,27 @@ TEST(GgufVocab, WriteReadRoundTrip) {
     for (const char* text : {"Hello world", " leading space", "numbers 12345 and ünïcödé", "tabs\tand\nnewlines  "})
       EXPECT_EQ(back.encode(text, false, false), hf.encode(text, false)) << dir << ": " << text;
     std::filesystem::remove(path);
+  }
+}
+
+// The SentencePiece cut (LlamaVocab::spm_cut) is exact: a book, the vectors
+// and odd whitespace give the same ids with the whole text merged at once.
+TEST(GgufVocab, SpmCutIsExact) {
+  for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"}) {
+    const Tokenizer& t = gguf_tok(name);
+    auto& lv = const_cast<ptllm::tok_detail::LlamaVocab&>(*t.impl().llama);
+    ASSERT_TRUE(lv.spm_cut) << name;
+    std::vector<std::string> texts = {slurp(kShared + "/corpus/heldout/carroll__alice_s_adventures_in_wonderland.txt")};
+    for (const Vector& v : read_vectors(kVocab + name)) texts.push_back(v.text);
+    texts.push_back("a \u2581b\u2581\u2581 c  \u2581 ▁x▁▁y ▁");
+    for (const std::string& text : texts) {
+      lv.spm_cut = true;
+      const auto cut = t.encode(text, true, true);
+      lv.spm_cut = false;
+      const auto whole = t.encode(text, true, true);
+      lv.spm_cut = true;
+      EXPECT_EQ(cut, whole) << name << ": " << text.substr(0, 80);
+    }
   }
 }
 
