@@ -105,7 +105,8 @@ class Cursor {
 
 GgufType read_type(Cursor& c, const std::string& path, const std::string& key, std::string_view what) {
   const uint32_t t = c.u32(what);
-  if (t > uint32_t(GgufType::F64)) fail("{}: metadata {}: unknown value type {} (expected 0..12)", path, key, t);
+  if (t > uint32_t(GgufType::F64))
+    fail("{}: metadata {}: unknown value type {} (expected 0..12)", path, printable(key), t);
   return GgufType(t);
 }
 
@@ -310,7 +311,7 @@ const GgufValue* GgufFile::find(const std::string& key) const {
 
 const GgufValue& GgufFile::value(const std::string& key) const {
   const GgufValue* v = find(key);
-  if (!v) fail("{}: missing metadata key {}", path(), key);
+  if (!v) fail("{}: missing metadata key {}", path(), printable(key));
   return *v;
 }
 
@@ -326,12 +327,12 @@ std::optional<T> integer_as(const GgufValue* v, const GgufFile& f, const std::st
   if (!v) return std::nullopt;
   if (!is_integer(v->type)) {
     if (v->type == GgufType::ARRAY)
-      fail("{}: metadata {}: expected {}, got an array", f.path(), key, what);
-    fail("{}: metadata {}: expected {}, got {}", f.path(), key, what, gguf_type_name(v->type));
+      fail("{}: metadata {}: expected {}, got an array", f.path(), printable(key), what);
+    fail("{}: metadata {}: expected {}, got {}", f.path(), printable(key), what, gguf_type_name(v->type));
   }
   const __int128 x = integer_of(v->type, v->bits);
   if (x < __int128(std::numeric_limits<T>::min()) || x > __int128(std::numeric_limits<T>::max()))
-    fail("{}: metadata {}: value {} does not fit {}", f.path(), key,
+    fail("{}: metadata {}: value {} does not fit {}", f.path(), printable(key),
          is_signed(v->type) ? fmt::format("{}", int64_t(x)) : fmt::format("{}", uint64_t(x)), what);
   return T(x);
 }

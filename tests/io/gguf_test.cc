@@ -389,6 +389,9 @@ TEST(Gguf, BadShapes) {
   // A name with a newline is escaped: the message stays one line.
   write_bytes(p, Raw().header(1, 0).tensor("a\nb", {4}, 99, 0).pad().data(32).b);
   expect_bad(p, "tensor a\\x0ab");
+  // Found by fuzz_gguf: a key with a newline in an unknown-value-type error.
+  write_bytes(p, Raw().header(0, 1).str("k\ney").u32(77).data(16).b);
+  expect_bad(p, "metadata k\\x0aey: unknown value type 77");
 }
 
 }  // namespace
