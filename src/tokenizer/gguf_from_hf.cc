@@ -73,8 +73,8 @@ bool is_spm_style(const json& j, bool* add_prefix) {
 }
 }  // namespace
 
-GgufVocab gguf_vocab_from_hf(std::string_view tokenizer_json, std::string_view tokenizer_config_json,
-                             const std::string& where) {
+namespace {
+GgufVocab from_hf(std::string_view tokenizer_json, std::string_view tokenizer_config_json, const std::string& where) {
   // Validates everything and resolves BOS/EOS and the post-processor.
   const Tokenizer tok = Tokenizer::from_json(tokenizer_json, tokenizer_config_json);
   const json j = json::parse(tokenizer_json.begin(), tokenizer_json.end());
@@ -166,6 +166,16 @@ GgufVocab gguf_vocab_from_hf(std::string_view tokenizer_json, std::string_view t
   v.add_bos = v.bos && !empty.empty() && empty.front() == *v.bos;
   v.add_eos = v.eos && empty.size() > (*v.add_bos ? 1u : 0u) && empty.back() == *v.eos;
   return v;
+}
+}  // namespace
+
+GgufVocab gguf_vocab_from_hf(std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+                             const std::string& where) {
+  try {
+    return from_hf(tokenizer_json, tokenizer_config_json, where);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: malformed tokenizer JSON for GGUF conversion ({})", where, e.what());
+  }
 }
 
 }  // namespace ptllm

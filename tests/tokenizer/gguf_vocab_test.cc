@@ -300,6 +300,19 @@ TEST(GgufVocab, LoadErrors) {
   v.pre = "gpt-2";
   v.merges = {"a b"};
   EXPECT_THROW(ptllm::tokenizer_from_gguf_vocab(v, "x.gguf"), ptllm::Error);  // merge of unknown tokens
+  // tokenizer.json that llama.cpp has no pre-tokenizer for, or no byte fallback / byte level.
+  const std::string odd_pre = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "\\d"}, "behavior": "Isolated"},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}})";
+  try {
+    ptllm::gguf_vocab_from_hf(odd_pre, "", "odd.json");
+    FAIL() << "expected an error";
+  } catch (const ptllm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matches none of the llama.cpp pre-tokenizers"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ptllm::gguf_vocab_from_hf(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})", "", "x"),
+               ptllm::Error);
   // A GGUF without tokenizer metadata.
   ptllm::GgufWriter w;
   w.set_string("general.architecture", "llama");
