@@ -30,6 +30,21 @@ const texts = [
   "zero\u200bwidth\u00a0nbsp\u3000ideographic", "control \u0001\u0002 chars \u007f",
 ];
 
+// Plus seeded random strings from a pool that mixes the hard cases (runs of
+// spaces/newlines, digits, apostrophes, combining marks, emoji, CJK, U+2581,
+// pieces of special tokens), so every run checks the same "any other text".
+const pool = [" ", " ", "  ", "\n", "\t", "\r\n", "a", "e", "the", "The", "ing", "1", "23", "456", "'s", "'LL", ".",
+              ",", "!?", "(", ")", "{", "-", "_", "é", "ü", "e\u0301", "ß", "Ж", "ж", "α", "ا", "中", "文", "한",
+              "🦙", "😀", "👍🏽", "‍", "\u2581", "\u00a0", "<", ">", "|", "</", "s>", "<|", "|>", "<s>", "</s>",
+              "<|end|>", "<|endoftext|>", "\u0001", "\u007f", "\ufffd"];  // (no NUL: argv cannot hold it)
+let seed = 12345;
+const rand = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+for (let k = 0; k < 24; ++k) {
+  let t = "";
+  for (let len = 1 + rand(24); len > 0; --len) t += pool[rand(pool.length)];
+  texts.push(t);
+}
+
 function ours(file, text, noSpecial) {
   const args = ["tokenize", file, "--text", text, "--json"];
   if (noSpecial) args.push("--no-special");
