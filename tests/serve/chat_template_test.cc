@@ -1,0 +1,175 @@
+// ChatTemplate against the reference: chat_template_reference.json is written
+// by render_reference.mjs (@huggingface/jinja) in the ctest fixture that runs
+// before this test; every case renders here and must give the same string, or
+// an error where the reference raised one.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "serve/chat_template.h"
+
+using ptllm::serve::ChatTemplate;
+using json = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json load_reference() {
+  std::ifstream f(PTLLM_CHAT_REFERENCE);
+  if (!f) ADD_FAILURE() << PTLLM_CHAT_REFERENCE << ": missing (the chat_template_reference ctest fixture writes it)";
+  return f ? json::parse(f) : json::object();
+}
+
+std::tm fixed_clock() {  // the instant render_reference.mjs pins: 26 Jul 2024 12:00
+  std::tm t{};
+  t.tm_year = 2024 - 1900;
+  t.tm_mon = 6;
+  t.tm_mday = 26;
+  t.tm_hour = 12;
+  t.tm_wday = 5;
+  t.tm_yday = 207;
+  return t;
+}
+
+// Cases where @huggingface/jinja itself is wrong about Jinja: jinja2 (what
+// transformers renders with) succeeds, so we must render rather than fail.
+//  - functionary v3.2 unpacks `for a, b in [("x", "y"), ...]`; HF cannot
+//    unpack its own tuple values ("Cannot unpack non-iterable type: TupleValue").
+bool reference_bug(const json& c) {
+  return c.value("error", "").find("Cannot unpack non-iterable type: TupleValue") != std::string::npos;
+}
+
+TEST(ChatTemplate, MatchesHuggingFaceJinjaOnRealTemplates) {
+  json ref = load_reference();
+  ASSERT_TRUE(ref.contains("cases"));
+  std::map<std::string, ChatTemplate> templates;
+  for (const auto& t : ref["templates"]) {
+    ChatTemplate tpl(t["source"].get<std::string>(), {t["bos"].get<std::string>(), t["eos"].get<std::string>()},
+                     t["id"].get<std::string>());
+    tpl.set_clock(fixed_clock);
+    templates.emplace(t["id"].get<std::string>(), std::move(tpl));
+  }
+  EXPECT_GE(templates.size(), 19u);  // 2 tokenizer fixtures + 17 llama.cpp templates
+  size_t matched_text = 0, matched_error = 0, bugs = 0;
+  std::map<std::string, size_t> rendered_per_template;
+  for (const auto& c : ref["cases"]) {
+    const std::string id = c["template"];
+    const std::string what = id + " / " + c["conversation"].get<std::string>() +
+                             (c["add_generation_prompt"].get<bool>() ? " / add_generation_prompt" : "");
+    std::string out, err;
+    bool raised = false;
+    try {
+      out = templates.at(id).render(c["messages"], c["add_generation_prompt"], c["extra"]);
+    } catch (const ptllm::jinja::TemplateRaised& e) {
+      err = e.raised_message;
+      raised = true;
+    } catch (const ptllm::Error& e) {
+      err = e.what();
+    }
+    if (c.contains("output")) {
+      EXPECT_TRUE(err.empty()) << what << ": reference rendered, we failed: " << err;
+      EXPECT_EQ(out, c["output"].get<std::string>()) << what;
+      matched_text += err.empty() && out == c["output"].get<std::string>();
+      rendered_per_template[id] += err.empty();
+    } else if (reference_bug(c)) {
+      EXPECT_TRUE(err.empty()) << what << ": jinja2 renders this; we failed: " << err;
+      bugs += err.empty();
+    } else {
+      const std::string ref_err = c["error"];
+      EXPECT_FALSE(err.empty()) << what << ": reference raised \"" << ref_err << "\", we rendered:\n" << out;
+      // raise_exception(msg): the reference's error message is msg itself.
+      if (raised) {
+        EXPECT_EQ(err, ref_err) << what;
+      }
+      matched_error += !err.empty();
+    }
+  }
+  std::printf("matched %zu rendered texts and %zu errors of %zu cases (%zu reference bugs rendered)\n", matched_text,
+              matched_error, ref["cases"].size(), bugs);
+  // Every template renders at least one conversation (none is all errors).
+  for (const auto& [id, tpl] : templates) EXPECT_GT(rendered_per_template[id], 0u) << id;
+}
+
+TEST(ChatTemplate, LoadsTemplateAndTokensFromTokenizerConfig) {
+  json ref = load_reference();
+  size_t loaded = 0;
+  for (const auto& t : ref["templates"]) {
+    if (!t.contains("tokenizer_config")) continue;
+    auto tpl = ptllm::serve::chat_template_from_tokenizer_config(t["tokenizer_config"]);
+    ASSERT_TRUE(tpl.has_value()) << t["id"];
+    EXPECT_EQ(tpl->source(), t["source"].get<std::string>());
+    EXPECT_EQ(tpl->tokens().bos, t["bos"].get<std::string>());
+    EXPECT_EQ(tpl->tokens().eos, t["eos"].get<std::string>());
+    ++loaded;
+  }
+  EXPECT_EQ(loaded, 2u);  // llama3 and qwen3; spm-bpe-32k has no template
+  EXPECT_FALSE(ptllm::serve::chat_template_from_tokenizer_config(std::string(PTLLM_SHARED_DIR) +
+                                                                 "/fixtures/tokenizers/spm-bpe-32k/tokenizer_config.json"));
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("ptllm_chat_" + std::to_string(::getpid()))) {
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name) << text;
+    return (path_ / name).string();
+  }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+TEST(ChatTemplate, ConfigForms) {
+  TempDir dir;
+  // The list form picks "default"; tokens may be {"content": ...} objects.
+  dir.write("tokenizer_config.json", R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+    "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}]})");
+  auto tpl = ptllm::serve::load_chat_template(dir.str());
+  ASSERT_TRUE(tpl);
+  EXPECT_EQ(tpl->render(json::parse(R"([{"role": "user", "content": "hi"}])"), false), "<s>hi</s>");
+  // chat_template.jinja beside it wins, as in transformers.
+  dir.write("chat_template.jinja", "J{{ messages | length }}");
+  EXPECT_EQ(ptllm::serve::load_chat_template(dir.str())->render(json::array(), true), "J0");
+  // --chat-template FILE overrides with the model's tokens.
+  std::string override_path = dir.write("override.jinja", "{{ eos_token }}{% if add_generation_prompt %}>{% endif %}");
+  EXPECT_EQ(ptllm::serve::chat_template_from_file(override_path, {"<s>", "</s>"}).render(json::array(), true), "</s>>");
+}
+
+TEST(ChatTemplate, MissingTemplateAndBadConfigs) {
+  TempDir dir;
+  dir.write("tokenizer_config.json", R"({"eos_token": "</s>"})");
+  EXPECT_FALSE(ptllm::serve::load_chat_template(dir.str()));
+  auto message = [&](const std::string& text) -> std::string {
+    std::string p = dir.write("tokenizer_config.json", text);
+    try {
+      ptllm::serve::chat_template_from_tokenizer_config(p);
+    } catch (const ptllm::Error& e) {
+      return std::string(e.what()).substr(p.size());
+    }
+    return "no error";
+  };
+  EXPECT_EQ(message("{nope").rfind(": not valid JSON", 0), 0u);
+  EXPECT_EQ(message(R"({"chat_template": 5})"), ": chat_template must be a string or a list of {name, template}");
+  EXPECT_EQ(message(R"({"chat_template": [{"name": "x", "template": "y"}]})"),
+            ": chat_template list has no entry named \"default\"");
+  EXPECT_EQ(message(R"({"chat_template": "x", "bos_token": 3})"), ": bos_token must be a string or {\"content\": string}");
+  EXPECT_EQ(message(R"({"chat_template": "{% for %}"})").rfind(":1:", 0), 0u);  // names line:col of the template
+  EXPECT_THROW(ptllm::serve::chat_template_from_file(dir.str() + "/absent.jinja", {}), ptllm::Error);
+}
+
+TEST(ChatTemplate, RenderArgumentsAreChecked) {
+  ChatTemplate tpl("{{ messages | length }}{{ tools | length }}", {"", ""}, "t");
+  EXPECT_EQ(tpl.render(json::array({{{"role", "user"}}}), true, {{"tools", json::array({1, 2})}}), "12");
+  EXPECT_THROW(tpl.render(json::object(), true), ptllm::Error);
+  EXPECT_THROW(tpl.render(json::array(), true, {{"messages", json::array()}}), ptllm::Error);
+  EXPECT_THROW(tpl.render(json::array(), true), ptllm::Error);  // tools undefined: |length fails
+}
+
+}  // namespace

@@ -1,0 +1,153 @@
+// Renders every chat template under test with @huggingface/jinja (the
+// renderer of transformers.js and the Hub) on a fixed set of conversations and
+// writes what it produced — text, or the error it raised — as JSON for
+// chat_template_test to compare against, string for string.
+//
+//   node render_reference.mjs SHARED_DIR NODE_MODULES_DIR OUT.json
+//
+// Templates: the chat_template of every tokenizer_config.json under
+// SHARED_DIR/fixtures/tokenizers, and every SHARED_DIR/anchors/llama.cpp/templates/*.jinja.
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const [sharedDir, modulesDir, outPath] = process.argv.slice(2);
+if (!sharedDir || !modulesDir || !outPath) {
+  console.error("usage: node render_reference.mjs SHARED_DIR NODE_MODULES_DIR OUT.json");
+  process.exit(2);
+}
+const jinjaPkg = path.join(modulesDir, "@huggingface", "jinja");
+if (!fs.existsSync(path.join(jinjaPkg, "package.json"))) {
+  console.error(`${jinjaPkg}: @huggingface/jinja is not installed (run npm ci in tools/anchors)`);
+  process.exit(1);
+}
+const pkg = JSON.parse(fs.readFileSync(path.join(jinjaPkg, "package.json"), "utf8"));
+const { Template } = await import(pathToFileURL(path.join(jinjaPkg, pkg.module ?? pkg.main)).href);
+
+// strftime_now reads `new Date()`: pin the clock to 26 Jul 2024 12:00 local
+// time, the same instant chat_template_test gives our engine.
+const RealDate = Date;
+const FIXED = new RealDate(2024, 6, 26, 12, 0, 0).getTime();
+globalThis.Date = class extends RealDate {
+  constructor(...args) {
+    if (args.length === 0) super(FIXED);
+    else super(...args);
+  }
+  static now() {
+    return FIXED;
+  }
+};
+
+// Special tokens of the .jinja templates' models (their tokenizer_config.json).
+const TOKENS = [
+  [/^CohereForAI/, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"],
+  [/^NousResearch/, "<|begin_of_text|>", "<|im_end|>"],
+  [/^Qwen/, "", "<|im_end|>"],
+  [/deepseek/, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+  [/^(fireworks|meetkai|meta-llama)/, "<|begin_of_text|>", "<|eot_id|>"],
+  [/^google-gemma/, "<bos>", "<eos>"],
+  [/^microsoft-Phi/, "<s>", "<|endoftext|>"],
+  [/^mistralai/, "<s>", "</s>"],
+];
+
+function tokenString(v) {
+  if (v === undefined || v === null) return "";
+  return typeof v === "string" ? v : (v.content ?? "");
+}
+
+const templates = [];
+const tokDir = path.join(sharedDir, "fixtures", "tokenizers");
+for (const name of fs.readdirSync(tokDir).sort()) {
+  const cfgPath = path.join(tokDir, name, "tokenizer_config.json");
+  if (!fs.existsSync(cfgPath)) continue;
+  const cfg = JSON.parse(fs.readFileSync(cfgPath, "utf8"));
+  let source = cfg.chat_template;
+  if (Array.isArray(source)) source = source.find((t) => t.name === "default")?.template;
+  if (typeof source !== "string") continue;
+  templates.push({ id: `fixtures/tokenizers/${name}`, tokenizer_config: cfgPath, source,
+                   bos: tokenString(cfg.bos_token), eos: tokenString(cfg.eos_token) });
+}
+const tplDir = path.join(sharedDir, "anchors", "llama.cpp", "templates");
+for (const file of fs.readdirSync(tplDir).sort()) {
+  if (!file.endsWith(".jinja")) continue;
+  const tok = TOKENS.find(([re]) => re.test(file));
+  if (!tok) throw new Error(`${file}: no special tokens known for this template`);
+  templates.push({ id: `anchors/llama.cpp/templates/${file}`, source: fs.readFileSync(path.join(tplDir, file), "utf8"),
+                   bos: tok[1], eos: tok[2] });
+}
+
+const sys = { role: "system", content: "You are a helpful assistant." };
+const u1 = { role: "user", content: "Hello! What is 2+2?" };
+const a1 = { role: "assistant", content: "2+2 is 4." };
+const u2 = { role: "user", content: "And 3+3?" };
+const tools = [{
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "Get the current weather for a city.",
+    parameters: {
+      type: "object",
+      properties: {
+        city: { type: "string", description: "City name" },
+        unit: { type: "string", enum: ["celsius", "fahrenheit"], description: "Temperature unit" },
+      },
+      required: ["city"],
+    },
+  },
+}];
+const weatherQ = { role: "user", content: "What's the weather in Paris?" };
+const toolCall = { role: "assistant", content: null, tool_calls: [{
+  id: "call12345", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } }] };
+const toolResult = { role: "tool", tool_call_id: "call12345", name: "get_weather", content: '{"temperature": 21}' };
+
+const conversations = [
+  { name: "user", messages: [u1] },
+  { name: "system_user", messages: [sys, u1] },
+  { name: "multi_turn", messages: [sys, u1, a1, u2] },
+  { name: "multi_turn_no_system", messages: [u1, a1, u2] },
+  { name: "ends_with_assistant", messages: [u1, a1] },
+  { name: "whitespace", messages: [{ role: "user", content: "  padded text \n\n" }] },
+  { name: "unicode_and_escapes", messages: [{ role: "user", content: 'Grüße, 你好 — "quoted" \\ back\ttab\nline' }] },
+  { name: "thinking_in_content", messages: [u1, { role: "assistant", content: "<think>\nLet me add.\n</think>\n\n2+2 is 4." }, u2] },
+  { name: "reasoning_content", messages: [u1, { role: "assistant", content: "2+2 is 4.", reasoning_content: "Adding two and two." }, u2] },
+  { name: "enable_thinking_false", messages: [u1], extra: { enable_thinking: false } },
+  { name: "roles_not_alternating", messages: [u1, u2] },
+  { name: "tools", messages: [sys, weatherQ], extra: { tools } },
+  { name: "tools_no_system", messages: [weatherQ], extra: { tools } },
+  { name: "tool_call_roundtrip", messages: [sys, weatherQ, toolCall, toolResult], extra: { tools } },
+  { name: "template_variables", messages: [u1],
+    extra: { functions: JSON.stringify(tools.map((t) => t.function)), datetime: "2024-07-26", date_string: "1 Jan 2025" } },
+  { name: "empty", messages: [] },
+];
+
+const cases = [];
+for (const t of templates) {
+  let tpl = null, parseError = null;
+  try {
+    tpl = new Template(t.source);
+  } catch (e) {
+    parseError = String(e.message ?? e);
+  }
+  for (const c of conversations) {
+    for (const agp of [true, false]) {
+      const ctx = { ...(c.extra ?? {}), messages: c.messages, add_generation_prompt: agp,
+                    bos_token: t.bos, eos_token: t.eos };
+      const rec = { template: t.id, conversation: c.name, add_generation_prompt: agp,
+                    messages: c.messages, extra: c.extra ?? {} };
+      if (parseError) {
+        rec.error = parseError;
+      } else {
+        try {
+          rec.output = tpl.render(ctx);
+        } catch (e) {
+          rec.error = String(e.message ?? e);
+        }
+      }
+      cases.push(rec);
+    }
+  }
+}
+
+fs.writeFileSync(outPath, JSON.stringify({ renderer: `@huggingface/jinja ${pkg.version}`, templates, cases }, null, 1));
+const failed = cases.filter((c) => c.error !== undefined).length;
+console.log(`${outPath}: ${templates.length} templates, ${cases.length} cases (${failed} raise an error)`);
