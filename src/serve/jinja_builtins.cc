@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <unicode/locid.h>
+#include <unicode/unistr.h>
+
 #include "serve/jinja_error.h"
 #include "serve/jinja_eval.h"
 
@@ -32,13 +35,17 @@ int64_t utf8_length(const std::string& s) {
 
 namespace {
 
-std::string ascii_upper(std::string s) {
-  for (auto& c : s) c = char(std::toupper(uint8_t(c)));
-  return s;
+// Full Unicode case mapping in the root locale ("é" -> "É", "ß" -> "SS"),
+// what JavaScript's toUpperCase() and Python's str.upper() do.
+std::string unicode_upper(const std::string& s) {
+  std::string out;
+  icu::UnicodeString::fromUTF8(s).toUpper(icu::Locale::getRoot()).toUTF8String(out);
+  return out;
 }
-std::string ascii_lower(std::string s) {
-  for (auto& c : s) c = char(std::tolower(uint8_t(c)));
-  return s;
+std::string unicode_lower(const std::string& s) {
+  std::string out;
+  icu::UnicodeString::fromUTF8(s).toLower(icu::Locale::getRoot()).toUTF8String(out);
+  return out;
 }
 bool word_char(char c) { return std::isalnum(uint8_t(c)) || c == '_'; }
 // HF's title(): upper-case the first word character of every word.
@@ -132,8 +139,8 @@ Value method(Function f) { return Value::function(std::move(f)); }
 
 Value string_method(const std::string& s, const std::string& name) {
   if (name == "length") return Value::integer(utf8_length(s));
-  if (name == "upper") return method([s](CallArgs&, Env&) { return Value::string(ascii_upper(s)); });
-  if (name == "lower") return method([s](CallArgs&, Env&) { return Value::string(ascii_lower(s)); });
+  if (name == "upper") return method([s](CallArgs&, Env&) { return Value::string(unicode_upper(s)); });
+  if (name == "lower") return method([s](CallArgs&, Env&) { return Value::string(unicode_lower(s)); });
   if (name == "title") return method([s](CallArgs&, Env&) { return Value::string(title_case(s)); });
   if (name == "capitalize")
     return method([s](CallArgs&, Env&) {
@@ -183,8 +190,8 @@ int compare(const Value& a, const Value& b, bool case_sensitive) {
   auto numeric = [](const Value& v) { return v.is_number() || v.is_bool(); };
   if (numeric(a) && numeric(b)) return a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double() ? 1 : 0;
   if (a.is_string() && b.is_string()) {
-    std::string x = case_sensitive ? a.as_string() : ascii_lower(a.as_string());
-    std::string y = case_sensitive ? b.as_string() : ascii_lower(b.as_string());
+    std::string x = case_sensitive ? a.as_string() : unicode_lower(a.as_string());
+    std::string y = case_sensitive ? b.as_string() : unicode_lower(b.as_string());
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if ((a.is_none() && b.is_none()) || (a.is_undefined() && b.is_undefined())) return 0;
@@ -464,8 +471,8 @@ Value named_filter(const std::string& name, const Value& v, const CallArgs& a, E
     if (v.is_undefined() || v.is_none() || v.is_function()) fail_here(std::string("filter 'string' cannot convert a ") + v.type_name());
     return Value::string(v.to_output());
   }
-  if (name == "upper") return Value::string(ascii_upper(need_string()));
-  if (name == "lower") return Value::string(ascii_lower(need_string()));
+  if (name == "upper") return Value::string(unicode_upper(need_string()));
+  if (name == "lower") return Value::string(unicode_lower(need_string()));
   if (name == "title") return Value::string(title_case(need_string()));
   if (name == "capitalize" || name == "replace") {
     CallArgs copy = a;
@@ -517,8 +524,8 @@ bool apply_test(const std::string& name, const Value& v, const Value* arg) {
   if (name == "mapping") return v.is_object();
   if (name == "sequence") return v.is_array() || v.is_object() || v.is_string();
   if (name == "callable") return v.is_function();
-  if (name == "lower") return v.is_string() && v.as_string() == ascii_lower(v.as_string());
-  if (name == "upper") return v.is_string() && v.as_string() == ascii_upper(v.as_string());
+  if (name == "lower") return v.is_string() && v.as_string() == unicode_lower(v.as_string());
+  if (name == "upper") return v.is_string() && v.as_string() == unicode_upper(v.as_string());
   if (name == "odd" || name == "even") {
     if (!v.is_int()) fail_here("test '" + name + "' needs an integer, got " + v.type_name());
     return (v.as_int() % 2 != 0) == (name == "odd");

@@ -93,6 +93,31 @@ TEST(ChatTemplate, MatchesHuggingFaceJinjaOnRealTemplates) {
   for (const auto& [id, tpl] : templates) EXPECT_GT(rendered_per_template[id], 0u) << id;
 }
 
+// One-feature templates (whitespace control, filters, tests, loops, macros,
+// errors) rendered by the reference with its `data` context.
+TEST(JinjaReference, SnippetsMatch) {
+  json ref = load_reference();
+  ASSERT_TRUE(ref.contains("snippets"));
+  EXPECT_GE(ref["snippets"].size(), 50u);
+  for (const auto& sn : ref["snippets"]) {
+    const std::string src = sn["source"];
+    std::string out, err;
+    try {
+      out = ptllm::jinja::Template(src, "snippet").render(ref["data"], fixed_clock);
+    } catch (const ptllm::jinja::TemplateRaised& e) {
+      err = e.raised_message;
+    } catch (const ptllm::Error& e) {
+      err = e.what();
+    }
+    if (sn.contains("output")) {
+      EXPECT_EQ(err, "") << src;
+      EXPECT_EQ(out, sn["output"].get<std::string>()) << src;
+    } else {
+      EXPECT_NE(err, "") << src << ": reference raised \"" << sn["error"].get<std::string>() << "\", we rendered " << out;
+    }
+  }
+}
+
 TEST(ChatTemplate, LoadsTemplateAndTokensFromTokenizerConfig) {
   json ref = load_reference();
   size_t loaded = 0;

@@ -148,6 +148,65 @@ for (const t of templates) {
   }
 }
 
-fs.writeFileSync(outPath, JSON.stringify({ renderer: `@huggingface/jinja ${pkg.version}`, templates, cases }, null, 1));
+// Small templates, one feature each, rendered with `data` as context.
+// (Not here: str.strip('x') with a character set, which HF ignores and
+// jinja2 honours; 'abc' | list, which HF rejects. We follow jinja2.)
+const data = {
+  xs: [3, 1, 2], names: ["b", "A", "c"], s: "  Mixed Case text  ", n: 7, f: 2.5, t: true, z: null,
+  d: { b: 1, a: [1, 2], c: { x: "y" } }, ms: [{ role: "user", n: 1 }, { role: "bot", n: 2 }, { role: "user" }],
+  uni: "héllo wörld", nested: { list: [{ k: "v1" }, { k: "v2" }] },
+};
+const snippetSources = [
+  "a  {{- 'b' -}}  c", "x\n  {%- if t %}\ny{% endif %}\n", "{% if t %}\n    in\n    {% endif %}\nout",
+  "  {# c #}\nz", "{{ 'v' }}\nw", "a {#- c -#}\n b", "{% for x in xs %}\n  {{ x }}\n{% endfor %}",
+  "{%- for x in xs -%}\n  [{{ x }}]  \n{%- endfor -%}", "text\n\n",
+  "{{ xs }}{{ d }}{{ t }}{{ z }}{{ f }}{{ n / 2 }}{{ 4 / 2 }}{{ 0.5 if false else 10 // 3 }}",
+  "{{ xs | sort | join(',') }} {{ names | sort | join }} {{ xs | reverse | list }} {{ xs | length }}",
+  "{{ s | trim }}|{{ s | upper }}|{{ s | lower }}|{{ s | title }}|{{ 'abc' | capitalize }}|{{ s | length }}",
+  "{{ uni | length }} {{ uni[1] }} {{ uni[::-1] }} {{ uni.upper() }} {{ uni | tojson }} {{ uni | tojson(ensure_ascii=true) }}",
+  "{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ d | tojson(indent=4, sort_keys=true) }}|{{ xs | tojson(separators=(',', ':')) }}",
+  "{{ ms | selectattr('role', 'equalto', 'user') | list | length }}{{ ms | rejectattr('n') | list | tojson }}{{ ms | map(attribute='role') | join('/') }}",
+  "{{ ms | selectattr('n', 'defined') | map(attribute='n') | list }} {{ ms | map(attribute='n', default=0) | list }}",
+  "{{ nested.list | map(attribute='k') | join }} {{ nested.list[-1].k }} {{ nested['list'][0]['k'] }}",
+  "{% for k, v in d.items() %}{{ k }}:{{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}{% for k, v in d | dictsort %}{{ k }}{% endfor %}",
+  "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.previtem }}{{ loop.nextitem }}|{% endfor %}",
+  "{% for x in xs if x > 1 %}{{ x }}{{ loop.index }}{% else %}none{% endfor %}{% for x in [] %}{% else %}empty{% endfor %}",
+  "{% for x in range(10) %}{% if x is even %}{% continue %}{% endif %}{% if x > 6 %}{% break %}{% endif %}{{ x }}{% endfor %}",
+  "{% set ns = namespace(total=0, seen=[]) %}{% for x in xs %}{% set ns.total = ns.total + x %}{% set ns.seen = ns.seen + [x] %}{% endfor %}{{ ns.total }}{{ ns.seen }}",
+  "{% set x = 1 %}{% for i in xs %}{% set x = i %}{% endfor %}{{ x }}{% if t %}{% set y = 2 %}{% endif %}{{ y }}",
+  "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set block %}B{{ n }}{% endset %}{{ block }}",
+  "{% macro m(a, b=2, c='x') %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(1) }}{{ m(1, 3) }}{{ m(1, c='y') }}{{ m(a=5) }}",
+  "{% macro rec(k) %}{% if k > 0 %}{{ k }},{{ rec(k - 1) }}{% endif %}{% endmacro %}{{ rec(4) }}",
+  "{% filter upper %}up {{ s }}{% endfilter %}{% filter trim %}  pad  {% endfilter %}|",
+  "{{ 'a' ~ n ~ t ~ f }} {{ 'a' + 'b' }} {{ [1] + [2, 3] }} {{ n * 2 }} {{ n - 10 }} {{ -n }} {{ n % 3 }} {{ -7 // 2 }} {{ 2 ** 8 }}",
+  "{{ 1 < 2 }}{{ 2 <= 2 }}{{ 3 > 4 }}{{ n == 7 }}{{ n != 7 }}{{ 'a' in 'cat' }}{{ 2 in xs }}{{ 'a' in d }}{{ 9 not in xs }}{{ not t }}",
+  "{{ z is none }}{{ q is undefined }}{{ q is defined }}{{ s is string }}{{ n is number }}{{ f is number }}{{ n is integer }}{{ xs is iterable }}{{ d is mapping }}{{ xs is sequence }}{{ t is true }}{{ t is false }}{{ t is boolean }}",
+  "{{ q or 'dflt' }} {{ q | default('d1') }} {{ '' | default('d2', true) }} {{ z or 'nn' }} {{ 0 and 1 }} {{ 'x' if q is defined else 'y' }}",
+  "{{ xs[0] }}{{ xs[-1] }}{{ xs[1:] }}{{ xs[:2] }}{{ xs[::2] }}{{ xs[::-1] }}{{ 'abcdef'[1:4] }}{{ 'abcdef'[-2:] }}{{ xs[5] }}",
+  "{{ ' a b '.strip() }}|{{ '\\n\\nhi\\n'.strip('\\n') }}|{{ 'a,b,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a-b-c'.split('-', 1) }}|{{ 'hey'.startswith('he') }}{{ 'hey'.endswith('y') }}|{{ 'aaa'.replace('a', 'b') }}|{{ 'ab'.title() }}",
+  "{{ d.get('b') }}{{ d.get('zz', 'dv') }}{{ d.get('zz') }}{{ d.keys() | list }}{{ d.values() | list | length }}{{ d.items() | list | length }}",
+  "{{ '12' | int + 1 }}{{ '3.5' | float }}{{ f | int }}{{ n | string }}{{ xs | string }}{{ t | string }}{{ 'z' | safe }}{{ -3 | abs }}",
+  "{{ xs | first }}{{ xs | last }}{{ [1, 1, 2, 1] | unique | list }}{{ names | join(', ') }}",
+  "{{ 'line1\nline2\n\nline4' | indent }}|{{ 'a\nb' | indent(2, true) }}|{{ 'a\n\nb' | indent(width=3, first=true, blank=true) }}",
+  "{% if n > 5 %}big{% elif n > 2 %}mid{% else %}small{% endif %}{{ 'yes' if t }}{{ 'no' if not t }}",
+  "{{ {'k': 'v', 'n': [1, {'m': none}]} | tojson }}{{ [] | tojson }}{{ {} | tojson(indent=2) }}",
+  "{{ \"dq'\" ~ 'sq\\\"' ~ '\\u00e9\\x41\\t|' }}", "{{ strftime_now('%Y-%m-%d %H:%M %b %B') }}",
+  "{{ range(3) | list }}{{ range(1, 4) | list }}{{ range(10, 0, -3) | list }}",
+  "{{ raise_exception('custom failure ' ~ n) }}", "{{ q.attr.deeper }}|{{ z.attr }}|{{ xs.length }}",
+  "{{ q + 1 }}", "{{ z + 1 }}", "{{ s | nosuchfilter }}", "{% for x in n %}{% endfor %}", "{{ q | trim }}",
+  "{% if %}", "{{ 1 + }}", "{% for x in xs %}", "{{ 'unterminated }}", "{% endif %}",
+];
+const snippets = snippetSources.map((source) => {
+  const rec = { source };
+  try {
+    rec.output = new Template(source).render({ ...data });
+  } catch (e) {
+    rec.error = String(e.message ?? e);
+  }
+  return rec;
+});
+
+fs.writeFileSync(outPath, JSON.stringify({ renderer: `@huggingface/jinja ${pkg.version}`, templates, cases, data, snippets },
+                                         null, 1));
 const failed = cases.filter((c) => c.error !== undefined).length;
 console.log(`${outPath}: ${templates.length} templates, ${cases.length} cases (${failed} raise an error)`);
