@@ -3,6 +3,9 @@
 // HF's printing (true/false lower-case, none prints as nothing).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "serve/jinja.h"
 
 using ptllm::jinja::RenderError;
@@ -220,6 +223,47 @@ TEST(Jinja, ErrorsNameTemplateAndPosition) {
   EXPECT_EQ(message("{{ (((1 }}"), "tpl.jinja:1:9: expected ')', got '}}'");
   // Runaway recursion is an error, not a stack overflow.
   EXPECT_NE(message("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("too deeply"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// Bad templates fail with a RenderError, never a crash, hang or another
+// exception type: every 11th prefix of each real template, and single-byte
+// corruptions with Jinja's syntax characters, are parsed and rendered.
+TEST(JinjaRobustness, TruncatedAndCorruptedTemplatesFailCleanly) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(PTLLM_SHARED_DIR) / "anchors/llama.cpp/templates";
+  json ctx = json::parse(R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>",
+    "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+      "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}]})");
+  size_t files = 0, attempts = 0, rendered = 0;
+  auto attempt = [&](const std::string& src) {
+    ++attempts;
+    try {
+      Template(src, "fuzz").render(ctx);
+      ++rendered;
+    } catch (const RenderError&) {
+    }  // any other exception type escapes and fails the test
+  };
+  const std::string syntax = "{}%#-+'\"()[]|.,:=~ \n";
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::ifstream f(entry.path());
+    std::string src((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(src.empty()) << entry.path();
+    ++files;
+    for (size_t cut = 0; cut < src.size(); cut += 11) attempt(src.substr(0, cut));
+    for (size_t i = 0; i < src.size(); i += 29) {
+      std::string bad = src;
+      bad[i] = syntax[(i / 29) % syntax.size()];
+      attempt(bad);
+    }
+  }
+  EXPECT_EQ(files, 17u);
+  EXPECT_GT(rendered, attempts / 20);  // some corruptions still render (inside text)
+  std::printf("%zu templates: %zu attempts, %zu rendered, the rest failed cleanly\n", files, attempts, rendered);
 }
 
 }  // namespace

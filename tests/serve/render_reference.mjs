@@ -100,6 +100,31 @@ const toolCall = { role: "assistant", content: null, tool_calls: [{
   id: "call12345", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } }] };
 const toolResult = { role: "tool", tool_call_id: "call12345", name: "get_weather", content: '{"temperature": 21}' };
 
+const objectArgsCall = { role: "assistant", content: null, tool_calls: [{
+  id: "call12345", type: "function", function: { name: "get_weather", arguments: { city: "Paris", unit: "celsius" } } }] };
+const parallelCalls = { role: "assistant", content: "Checking both.", tool_calls: [
+  { id: "call00001", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } },
+  { id: "call00002", type: "function", function: { name: "get_weather", arguments: '{"city": "Rome"}' } }] };
+const nestedTools = [{
+  type: "function",
+  function: {
+    name: "book_trip",
+    description: "Book a trip",
+    parameters: {
+      type: "object",
+      properties: {
+        traveler: { type: "object", description: "Who travels", properties: { name: { type: "string" }, age: { type: "integer" } },
+                    required: ["name"] },
+        stops: { type: "array", items: { type: "string" }, description: "Cities" },
+        budget: { type: ["number", "null"], description: "Max spend" },
+      },
+      required: ["traveler"],
+    },
+  },
+}];
+const a2 = { role: "assistant", content: "3+3 is 6." };
+const u3 = { role: "user", content: "Thanks. Bye!" };
+
 const conversations = [
   { name: "user", messages: [u1] },
   { name: "system_user", messages: [sys, u1] },
@@ -118,6 +143,14 @@ const conversations = [
   { name: "template_variables", messages: [u1],
     extra: { functions: JSON.stringify(tools.map((t) => t.function)), datetime: "2024-07-26", date_string: "1 Jan 2025" } },
   { name: "empty", messages: [] },
+  { name: "system_only", messages: [sys] },
+  { name: "assistant_first", messages: [a1, u1] },
+  { name: "long_multi_turn", messages: [sys, u1, a1, u2, a2, u3] },
+  { name: "tool_call_object_arguments", messages: [weatherQ, objectArgsCall, toolResult], extra: { tools } },
+  { name: "parallel_tool_calls", messages: [weatherQ, parallelCalls,
+      { role: "tool", tool_call_id: "call00001", content: "18" }, { role: "tool", tool_call_id: "call00002", content: "25" }],
+    extra: { tools } },
+  { name: "tools_nested_parameters", messages: [sys, u1], extra: { tools: nestedTools } },
 ];
 
 const cases = [];
