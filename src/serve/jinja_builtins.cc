@@ -495,7 +495,11 @@ Value named_filter(const std::string& name, const Value& v, const CallArgs& a, E
     if (!v.has_attributes()) fail_here(std::string("filter 'dictsort' needs a dict, got ") + v.type_name());
     return dictsort(v, a);
   }
-  if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") return select_items(v, name, a);
+  const bool selects = name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject";
+  // jinja2 selects from / maps over none or undefined as an empty list
+  // (functionary's `tools | selectattr(...)` with no tools); HF fails.
+  if ((selects || name == "map") && (v.is_none() || v.is_undefined())) return Value::array();
+  if (selects) return select_items(v, name, a);
   if (name == "map") return map_items(v, a, env);
   fail_here("unknown filter '" + name + "'");
 }

@@ -325,7 +325,7 @@ Value Interpreter::eval_for(const Node& n, Env& env) {
     all = iterable.items();
   } else if (iterable.is_object()) {
     for (const auto& [k, v] : iterable.attrs().entries) all.push_back(Value::string(k));
-  } else {
+  } else if (!iterable.is_undefined()) {  // undefined iterates as empty, as in jinja2 (HF fails)
     fail_at(iter_node->pos, std::string("for loop needs a list or dict, got ") + iterable.type_name());
   }
   auto bind = [&](Env& e, const Value& item) {

@@ -230,7 +230,7 @@ TEST(Jinja, ErrorsNameTemplateAndPosition) {
 namespace {
 
 // Bad templates fail with a RenderError, never a crash, hang or another
-// exception type: every 11th prefix of each real template, and single-byte
+// exception type: every 23rd prefix of each real template, and single-byte
 // corruptions with Jinja's syntax characters, are parsed and rendered.
 TEST(JinjaRobustness, TruncatedAndCorruptedTemplatesFailCleanly) {
   namespace fs = std::filesystem;
@@ -254,10 +254,10 @@ TEST(JinjaRobustness, TruncatedAndCorruptedTemplatesFailCleanly) {
     std::string src((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     ASSERT_FALSE(src.empty()) << entry.path();
     ++files;
-    for (size_t cut = 0; cut < src.size(); cut += 11) attempt(src.substr(0, cut));
-    for (size_t i = 0; i < src.size(); i += 29) {
+    for (size_t cut = 0; cut < src.size(); cut += 23) attempt(src.substr(0, cut));
+    for (size_t i = 0; i < src.size(); i += 37) {
       std::string bad = src;
-      bad[i] = syntax[(i / 29) % syntax.size()];
+      bad[i] = syntax[(i / 37) % syntax.size()];
       attempt(bad);
     }
   }
