@@ -51,9 +51,9 @@ std::string Template::render(const nlohmann::ordered_json& context, std::functio
   Env globals;
   install_globals(globals, now);
   Env vars(&globals);
-  for (const auto& [k, v] : context.items()) vars.set(k, Value::from_json(v));
   Interpreter interp;
   try {
+    for (const auto& [k, v] : context.items()) vars.set(k, Value::from_json(v));
     return interp.render(parsed_->program, vars);
   } catch (const TemplateError& e) {
     rethrow(e);

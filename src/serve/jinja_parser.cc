@@ -48,7 +48,7 @@ class Parser {
   // Nesting limit: a template of 100k '(' must be an error, not a stack overflow.
   struct Nest {
     Nest(Parser& p) : p(p) {
-      if (++p.depth_ > 300) p.error("expression or block nests too deeply (over 300 levels)");
+      if (++p.depth_ > 1000) p.error("expression or block nests too deeply");
     }
     ~Nest() { --p.depth_; }
     Parser& p;

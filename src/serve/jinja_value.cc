@@ -63,7 +63,8 @@ Value Value::function(Function fn) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 512) fail_here("template variables nest too deeply (over 512 levels)");
   switch (j.type()) {
     case nlohmann::json::value_t::null: return none();
     case nlohmann::json::value_t::boolean: return boolean(j.get<bool>());
@@ -80,12 +81,12 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json(e, depth + 1));
       return array(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Value o = object();
-      for (const auto& [k, e] : j.items()) o.attrs().set(k, from_json(e));
+      for (const auto& [k, e] : j.items()) o.attrs().set(k, from_json(e, depth + 1));
       return o;
     }
     default: return Value();  // binary / discarded: not produced by JSON text
@@ -303,6 +304,9 @@ std::string json_quote(const std::string& s, bool ensure_ascii) {
 }
 
 std::string to_json(const Value& v, const JsonOptions& opt, int depth) {
+  // A namespace can hold itself ({% set ns.me = ns %}): stop instead of
+  // recursing until the stack overflows.
+  if (depth > 256) fail_here("value nests too deeply to print (over 256 levels, or it contains itself)");
   switch (v.kind()) {
     case Value::Kind::Undefined: return opt.undefined_as_null ? "null" : "undefined";
     case Value::Kind::None: return "null";

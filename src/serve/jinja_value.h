@@ -39,7 +39,7 @@ class Value {
   static Value object();
   static Value namespace_();
   static Value function(Function fn);
-  static Value from_json(const nlohmann::ordered_json& j);
+  static Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::Undefined; }

@@ -221,6 +221,11 @@ TEST(Jinja, ErrorsNameTemplateAndPosition) {
   EXPECT_EQ(message("{% for x in 5 %}{% endfor %}"), "tpl.jinja:1:13: for loop needs a list or dict, got integer");
   EXPECT_EQ(message("{{ 1 / 0 }}"), "tpl.jinja:1:6: division by zero");
   EXPECT_EQ(message("{{ (((1 }}"), "tpl.jinja:1:9: expected ')', got '}}'");
+  EXPECT_NE(message("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}").find("contains itself"), std::string::npos);
+  EXPECT_NE(message("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}").find("too deeply"), std::string::npos);
+  json deep = json::array();
+  for (int i = 0; i < 600; ++i) deep = json::array({deep});
+  EXPECT_NE(message("{{ x }}", {{"x", deep}}).find("too deeply"), std::string::npos);
   // Runaway recursion is an error, not a stack overflow.
   EXPECT_NE(message("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("too deeply"), std::string::npos);
 }
