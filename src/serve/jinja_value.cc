@@ -35,7 +35,7 @@ Value Value::number(double f) {
 Value Value::string(std::string s) {
   Value v;
   v.kind_ = Kind::String;
-  v.s_ = std::move(s);
+  v.s_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 Value Value::array(std::vector<Value> items) {
@@ -93,6 +93,11 @@ Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
   }
 }
 
+const std::string& Value::empty_string() {
+  static const std::string empty;
+  return empty;
+}
+
 std::vector<Value>& Value::items() const { return arr_->items; }
 ObjectData& Value::attrs() const { return *obj_; }
 
@@ -110,7 +115,7 @@ bool Value::truthy() const {
     case Kind::Bool: return b_;
     case Kind::Int: return i_ != 0;
     case Kind::Float: return f_ != 0 && !std::isnan(f_);
-    case Kind::String: return !s_.empty();
+    case Kind::String: return !as_string().empty();
     case Kind::Array: return !arr_->items.empty();
     case Kind::Object: return !obj_->entries.empty();
     case Kind::Namespace:
@@ -176,7 +181,7 @@ std::string Value::to_output() const {
       if (f_ == 0 && std::signbit(f_)) return "-0.0";
       if (std::isfinite(f_) && f_ == std::floor(f_) && std::fabs(f_) < 1e21) return js_number(f_) + ".0";
       return js_number(f_);
-    case Kind::String: return s_;
+    case Kind::String: return as_string();
     case Kind::Array:
     case Kind::Object:
     case Kind::Namespace: {

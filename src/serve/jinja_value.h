@@ -59,7 +59,7 @@ class Value {
   bool as_bool() const { return b_; }
   int64_t as_int() const { return i_; }
   double as_double() const { return kind_ == Kind::Int ? double(i_) : kind_ == Kind::Bool ? double(b_) : f_; }
-  const std::string& as_string() const { return s_; }
+  const std::string& as_string() const { return s_ ? *s_ : empty_string(); }
   std::vector<Value>& items() const;  // Array
   ObjectData& attrs() const;          // Object / Namespace
   const Function& fn() const { return *fn_; }
@@ -76,7 +76,8 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::string s_;
+  std::shared_ptr<const std::string> s_;  // shared: copying a Value never copies text
+  static const std::string& empty_string();
   std::shared_ptr<ArrayData> arr_;
   std::shared_ptr<ObjectData> obj_;
   std::shared_ptr<Function> fn_;
