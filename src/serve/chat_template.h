@@ -29,6 +29,7 @@ class ChatTemplate {
   // Parses now: a syntax error throws ptllm::Error naming `name` and line:col.
   ChatTemplate(std::string source, SpecialTokens tokens, std::string name = "chat_template");
 
+  // Thread-safe: render() is const and keeps all its state on its own stack.
   // messages: JSON array of {role, content, ...}. extra: JSON object whose
   // keys become template variables (they cannot replace messages /
   // add_generation_prompt / bos_token / eos_token). Throws

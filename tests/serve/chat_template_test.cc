@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "serve/chat_template.h"
 
@@ -214,6 +215,29 @@ TEST(ChatTemplate, RenderArgumentsAreChecked) {
   EXPECT_THROW(tpl.render(json::object(), true), ptllm::Error);
   EXPECT_THROW(tpl.render(json::array(), true, {{"messages", json::array()}}), ptllm::Error);
   EXPECT_THROW(tpl.render(json::array(), true), ptllm::Error);  // tools undefined: |length fails
+}
+
+}  // namespace
+
+namespace {
+
+// The server renders from several request threads with one ChatTemplate.
+TEST(ChatTemplate, ConcurrentRendersAgree) {
+  ChatTemplate tpl("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+                   "<{{ m.role }}>{{ m.content | trim }}{% endfor %}{{ ns.n }}{{ bos_token }}",
+                   {"<s>", "</s>"}, "t");
+  json msgs = json::array();
+  for (int i = 0; i < 50; ++i) msgs.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", " m" + std::to_string(i)}});
+  const std::string want = tpl.render(msgs, true);
+  std::vector<std::thread> threads;
+  std::vector<int> bad(4, 0);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 50; ++r) bad[size_t(t)] += tpl.render(msgs, true) != want;
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad, std::vector<int>(4, 0));
+  EXPECT_EQ(want.substr(want.size() - 5), "50<s>");
 }
 
 }  // namespace
