@@ -39,6 +39,22 @@ bool mentions(const Block& b, const std::string& name) {
   return false;
 }
 
+// Whether `v` holds `target` (a namespace) anywhere inside it. Namespaces
+// are the only mutable containers, so refusing `ns.x = <something holding
+// ns>` is enough to keep values acyclic (reference counts then free them).
+bool holds(const Value& v, const void* target, int depth = 0) {
+  if (v.identity() == target) return true;
+  if (depth > 256) fail_here("value nests too deeply (over 256 levels)");
+  if (v.is_array()) {
+    for (const auto& e : v.items())
+      if (holds(e, target, depth + 1)) return true;
+  } else if (v.has_attributes()) {
+    for (const auto& [k, e] : v.attrs().entries)
+      if (holds(e, target, depth + 1)) return true;
+  }
+  return false;
+}
+
 int64_t floor_div(int64_t a, int64_t b) {
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
@@ -304,6 +320,9 @@ void Interpreter::eval_set(const Node& n, Env& env) {
   } else if (target.kind == NodeKind::Member && !target.flag) {
     Value obj = eval(*target.kids[0], env);
     if (!obj.is_namespace()) fail_at(n.pos, "set x.attr needs x to be a namespace(), got a " + std::string(obj.type_name()));
+    // Functions (bound methods, macros) could hide a reference back to it.
+    if (rhs.is_function()) fail_at(n.pos, "cannot store a function in a namespace");
+    if (holds(rhs, obj.identity())) fail_at(n.pos, "cannot store a namespace inside itself");
     obj.attrs().set(target.kids[1]->text, std::move(rhs));
   } else {
     fail_at(n.pos, "set needs a name, a tuple of names or namespace.attr on the left");
