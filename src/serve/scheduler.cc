@@ -48,7 +48,9 @@ Admit Scheduler::submit(std::shared_ptr<Job> job, std::string* why) {
   {
     std::lock_guard lk(mu_);
     if (draining_) return Admit::Draining;
-    if (int64_t(queue_.size()) >= cfg_.max_queue) return Admit::QueueFull;
+    // --max-queue counts requests that must wait: those beyond the free sequence slots.
+    const int64_t free_slots = std::max<int64_t>(0, cfg_.max_sequences - int64_t(running_.size()));
+    if (int64_t(queue_.size()) >= cfg_.max_queue + free_slots) return Admit::QueueFull;
     Entry e;
     e.job = std::move(job);
     e.reservation = need;

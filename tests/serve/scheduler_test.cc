@@ -149,11 +149,15 @@ TEST(ServeScheduler, MaxSequencesBoundsTheBatch) {
 
 TEST(ServeScheduler, QueueBoundAndTooLarge) {
   FakeBackend b;
-  Scheduler s(b, config(1000, 16, /*max_queue*/ 2));
+  Scheduler s(b, config(1000, /*max_seq*/ 1, /*max_queue*/ 1));  // one free slot + one waiting
   Record r1, r2, r3, big;
   EXPECT_EQ(s.submit(make_job({1}, r1)), Admit::Queued);
   EXPECT_EQ(s.submit(make_job({2}, r2)), Admit::Queued);
   EXPECT_EQ(s.submit(make_job({3}, r3)), Admit::QueueFull);
+  s.step();  // 1 admitted: the slot is taken, one may wait
+  Record r5;
+  EXPECT_EQ(s.queued(), 1);
+  EXPECT_EQ(s.submit(make_job({5}, r5)), Admit::QueueFull);
   std::string why;
   EXPECT_EQ(s.submit(make_job({4}, big, 4, /*window*/ 101), &why), Admit::TooLarge);  // 1010 > 1000
   EXPECT_NE(why.find("1010"), std::string::npos) << why;
@@ -161,6 +165,8 @@ TEST(ServeScheduler, QueueBoundAndTooLarge) {
   EXPECT_EQ(r3.finishes, 0);  // refused jobs are never finished by the scheduler
   EXPECT_EQ(big.finishes, 0);
   EXPECT_EQ(r1.finishes, 1);
+  EXPECT_EQ(r2.finishes, 1);
+  EXPECT_EQ(r5.finishes, 0);
 }
 
 TEST(ServeScheduler, CancellationFreesBytesAtTheNextStep) {
