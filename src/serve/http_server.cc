@@ -294,12 +294,14 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
 
 namespace {
 // Wraps a handler: ApiError -> its JSON, ptllm::Error -> 400, anything else -> 500.
+// With `m`, a 400 counts as a request rejected as invalid.
 template <typename F>
-httplib::Server::Handler guarded(F f) {
-  return [f](const httplib::Request& req, httplib::Response& res) {
+httplib::Server::Handler guarded(F f, Metrics* m = nullptr) {
+  return [f, m](const httplib::Request& req, httplib::Response& res) {
     try {
       f(req, res);
     } catch (const ApiError& e) {
+      if (m && e.status == 400 && e.code != "kv_budget_exceeded") m->rejected("invalid");
       send_error(res, e);
     } catch (const Error& e) {
       send_error(res, ApiError(400, e.what()));
@@ -321,15 +323,16 @@ void HttpServer::Impl::routes() {
     if (res.status == 404)
       send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "invalid_request_error",
                                "not_found"));
-    else if (res.status == 413)
+    else if (res.status == 413 && (metrics.rejected("invalid"), true))
       send_error(res, ApiError(413, fmt::format("request body larger than the server's limit of {} bytes (--max-body)",
                                                 opt.max_body), "", "invalid_request_error", "body_too_large"));
     else
       send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
     return httplib::Server::HandlerResponse::Handled;
   }));
-  svr.Post("/v1/completions", guarded([this](const auto& req, auto& res) { generate(req, res, false); }));
-  svr.Post("/v1/chat/completions", guarded([this](const auto& req, auto& res) { generate(req, res, true); }));
+  svr.Post("/v1/completions", guarded([this](const auto& req, auto& res) { generate(req, res, false); }, &metrics));
+  svr.Post("/v1/chat/completions",
+           guarded([this](const auto& req, auto& res) { generate(req, res, true); }, &metrics));
   svr.Get("/v1/models", guarded([this](const auto&, auto& res) {
     send_json(res, 200,
               {{"object", "list"},

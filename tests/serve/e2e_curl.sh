@@ -52,6 +52,8 @@ for m in ptllm_requests_running ptllm_requests_queued 'ptllm_requests_rejected_t
   grep -q "^$m " "$TMP/metrics" || fail "metric $m"
 done
 grep -q '^ptllm_generation_tokens_total 26$' "$TMP/metrics" || fail "generated tokens: $(grep generation "$TMP/metrics")"
+# bad JSON, wrong type, unknown kv_cache field, 413.
+grep -q '^ptllm_requests_rejected_total{reason="invalid"} 4$' "$TMP/metrics" || fail "invalid count: $(grep invalid "$TMP/metrics")"
 
 kill -TERM $PID
 wait $PID || fail "exit status after SIGTERM"
