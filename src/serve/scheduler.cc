@@ -58,8 +58,7 @@ Admit Scheduler::submit(std::shared_ptr<Job> job, std::string* why) {
     queue_.push_back(std::move(e));
     woken_ = true;
   }
-  cv_.notify_all();
-  publish_gauges();
+  cv_.notify_all();  // gauges are published by the next step (only that thread may read live caches)
   return Admit::Queued;
 }
 
