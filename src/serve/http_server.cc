@@ -132,7 +132,8 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     return !ts->stop.stopped();
   };
   job.on_finish = [ts, out](FinishReason r, const std::string& error) {
-    const std::string rest = ts->stop.push(ts->dec.flush()) + ts->stop.flush();
+    std::string rest = ts->stop.push(ts->dec.flush());  // a held-back partial character, then held-back text
+    rest += ts->stop.flush();
     std::lock_guard lk(out->mu);
     out->pending += rest;
     out->done = true;

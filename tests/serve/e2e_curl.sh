@@ -7,13 +7,20 @@ TMP=$(mktemp -d)
 OMP_WAIT_POLICY=passive "$CLI" serve "$MODEL" --port 0 --threads 1 2> "$TMP/log" &
 PID=$!
 trap 'kill $PID 2>/dev/null || true; rm -rf "$TMP"' EXIT
-for _ in $(seq 300); do grep -q 'listening on' "$TMP/log" && break; sleep 0.1; done
+for _ in $(seq 300); do grep -qs 'listening on' "$TMP/log" && break; sleep 0.1; done
 URL=$(grep -o 'http://127.0.0.1:[0-9]*' "$TMP/log")
 fail() { echo "FAIL: $*"; cat "$TMP/log"; exit 1; }
 # status BODY_FILE METHOD PATH [DATA]
 req() { curl -s -o "$TMP/body" -w '%{http_code}' -X "$1" "$URL$2" -H 'Content-Type: application/json' ${3:+--data-binary "$3"}; }
 
 [ "$(req GET /health)" = 200 ] || fail health
+# Bad flags are one-line errors naming the flag.
+! "$CLI" serve "$MODEL" --kv-budget 12XB 2> "$TMP/err" || fail "--kv-budget 12XB accepted"
+grep -q '^error: --kv-budget 12XB: expected a positive size' "$TMP/err" || fail "bad budget message: $(cat "$TMP/err")"
+! "$CLI" serve "$MODEL" --kv-budget 1KiB 2> "$TMP/err" || fail "a budget below one request accepted"
+grep -q '^error: --kv-budget 1KiB: one request with the default cache' "$TMP/err" || fail "small budget: $(cat "$TMP/err")"
+! "$CLI" serve "$MODEL" --streaming-llm-sink 4 2> "$TMP/err" || fail "sink without window accepted"
+grep -q '^error: .*--streaming-llm-window' "$TMP/err" || fail "sink without window: $(cat "$TMP/err")"
 [ "$(req POST /v1/completions '{"prompt":"Once upon a time","max_tokens":12,"temperature":0}')" = 200 ] || fail completion
 grep -q '"object":"text_completion"' "$TMP/body" || fail "completion object: $(cat "$TMP/body")"
 grep -q '"completion_tokens":12' "$TMP/body" || fail "usage: $(cat "$TMP/body")"

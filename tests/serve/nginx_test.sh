@@ -19,7 +19,7 @@ for i in 1 2; do
   PIDS+=($!)
 done
 for i in 1 2; do
-  for _ in $(seq 300); do grep -q 'listening on' "$TMP/replica$i.log" && break; sleep 0.1; done
+  for _ in $(seq 300); do grep -qs 'listening on' "$TMP/replica$i.log" && break; sleep 0.1; done
   grep -q 'listening on' "$TMP/replica$i.log" || fail "replica $i did not start"
 done
 P1=$(grep -o '127.0.0.1:[0-9]*' "$TMP/replica1.log" | cut -d: -f2)
