@@ -390,6 +390,7 @@ HttpServer::HttpServer(ServerOptions opt, const LoadedModel& lm, Backend& backen
   // queue, which is unbounded, so many connections queue rather than fail.
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   svr.set_payload_max_length(impl_->opt.max_body);
+  svr.set_tcp_nodelay(true);  // SSE events are small writes: Nagle + delayed ACK would hold each up to 40 ms
   svr.set_keep_alive_timeout(2);  // idle keep-alive connections give their thread back soon
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
