@@ -261,6 +261,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     metrics.rejected("draining");
     throw ApiError(503, "server is shutting down", "", "server_error", "draining");
   }
+  if (!lm.tokenizer) throw ApiError(400, "the model has no tokenizer to decode generated text", "");
   const json body = parse_body(req.body);
   std::vector<int32_t> prompt;
   GenParams gp;
@@ -279,7 +280,6 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     gp = r.gen;
     model = r.model;
   }
-  if (!lm.tokenizer) throw ApiError(400, "the model has no tokenizer to decode generated text", "");
   Generation g = submit(std::move(prompt), gp, chat_endpoint, model);
   ++owner.in_flight_;
   if (gp.stream) return stream(res, std::move(g));
