@@ -91,7 +91,9 @@ TEST(ServeHttp, ChatCompletionMatchesTheRenderedPromptAsACompletion) {
   for (size_t i = 0; i + 1 < events.size(); ++i) {
     const json e = json::parse(events[i]);
     if (e["choices"][0]["delta"].contains("content")) text += e["choices"][0]["delta"]["content"].get<std::string>();
-    if (i + 2 < events.size()) EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null());
+    if (i + 2 < events.size()) {
+      EXPECT_TRUE(e["choices"][0]["finish_reason"].is_null());
+    }
   }
   const json last = json::parse(events[events.size() - 2]);
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
