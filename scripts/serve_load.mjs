@@ -1,0 +1,61 @@
+// Load generator for `posttrainllm serve`: C concurrent streamed completions,
+// each timed client-side. Prints time to first token and inter-token latency
+// (p50 / p99) and the aggregate generated tokens/s, as one JSON line, with the
+// server's own means over the run (from /metrics: submission to first token,
+// token to token, sequences per decode step), which leave out client overhead.
+// Usage: node scripts/serve_load.mjs URL [--concurrency 16] [--requests 32] [--max-tokens 64]
+//        [--prompt-tokens 0 (0 = a short text prompt; N = N token ids)] [--kv-cache JSON]
+const [url, ...rest] = process.argv.slice(2);
+if (!url) { console.error('usage: node serve_load.mjs URL [--concurrency C] [--requests N] [--max-tokens T]'); process.exit(2); }
+const opt = { concurrency: 16, requests: 32, 'max-tokens': 64, 'prompt-tokens': 0, 'kv-cache': '' };
+for (let i = 0; i < rest.length; i += 2) {
+  const k = rest[i].replace(/^--/, '');
+  if (!(k in opt)) { console.error(`unknown flag ${rest[i]}`); process.exit(2); }
+  opt[k] = k === 'kv-cache' ? rest[i + 1] : Number(rest[i + 1]);
+}
+const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s.length ? s[Math.min(s.length - 1, Math.floor(p * s.length))] : NaN; };
+const ttft = [], itl = [];
+let tokens = 0, failed = 0, next = 0;
+async function one(i) {
+  const body = { prompt: opt['prompt-tokens'] > 0 ? Array.from({ length: opt['prompt-tokens'] }, (_, k) => 1 + ((k * 7 + i) % 400))
+                                               : 'Once upon a time',
+                 max_tokens: opt['max-tokens'], ignore_eos: true, stream: true, seed: i, temperature: 0.8 };
+  if (opt['kv-cache']) body.kv_cache = JSON.parse(opt['kv-cache']);
+  const t0 = performance.now();
+  const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+                                                    body: JSON.stringify(body) });
+  if (res.status !== 200) { failed++; await res.text(); return; }
+  let last = null, buf = '';
+  const dec = new TextDecoder();
+  for await (const chunk of res.body) {
+    buf += dec.decode(chunk, { stream: true });
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, k); buf = buf.slice(k + 2);
+      if (!ev.startsWith('data: {')) continue;
+      const j = JSON.parse(ev.slice(6));
+      if (j.usage) { tokens += j.usage.completion_tokens; continue; }
+      const now = performance.now();
+      if (last === null) ttft.push(now - t0); else itl.push(now - last);
+      last = now;
+    }
+  }
+}
+async function scrape() {
+  const m = {};
+  for (const line of (await (await fetch(`${url}/metrics`)).text()).split('\n'))
+    if (line && !line.startsWith('#')) m[line.slice(0, line.lastIndexOf(' '))] = Number(line.slice(line.lastIndexOf(' ') + 1));
+  return m;
+}
+const mean = (a, b, name) => (b[`${name}_sum`] - a[`${name}_sum`]) / (b[`${name}_count`] - a[`${name}_count`]);
+const before = await scrape();
+const t0 = performance.now();
+await Promise.all(Array.from({ length: opt.concurrency }, async () => { while (next < opt.requests) await one(next++); }));
+const secs = (performance.now() - t0) / 1000;
+const after = await scrape();
+console.log(JSON.stringify({ ...opt, seconds: +secs.toFixed(2), failed, generated_tokens: tokens,
+  tokens_per_second: +(tokens / secs).toFixed(1), ttft_ms_p50: +pct(ttft, 0.5).toFixed(1), ttft_ms_p99: +pct(ttft, 0.99).toFixed(1),
+  itl_ms_p50: +pct(itl, 0.5).toFixed(2), itl_ms_p99: +pct(itl, 0.99).toFixed(2),
+  server_ttft_ms_mean: +(1000 * mean(before, after, 'ptllm_time_to_first_token_seconds')).toFixed(1),
+  server_itl_ms_mean: +(1000 * mean(before, after, 'ptllm_inter_token_latency_seconds')).toFixed(2),
+  server_batch_mean: +mean(before, after, 'ptllm_batch_size').toFixed(2) }));

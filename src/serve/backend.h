@@ -1,0 +1,50 @@
+// The scheduler's view of the engine: start a sequence with its own cache and
+// sampler, feed its prompt in chunks, run one decode step over many sequences.
+// engine_backend.cc implements it with the engine; tests use a fake. Keeping
+// the interface this small is what lets the batched forward (one call over B
+// sequences, each with its own KVCache) replace the per-sequence loop in one
+// file without touching the scheduler.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kv/cache_options.h"
+#include "sampling/sampler.h"
+
+namespace ptllm::serve {
+
+// One running request's engine state (cache, sampler, logits). Opaque to the scheduler.
+class Sequence {
+ public:
+  virtual ~Sequence() = default;
+  virtual size_t kv_bytes() const = 0;          // payload + scale bytes its cache holds now
+  virtual bool prefilled() const = 0;           // the whole prompt has been fed
+  virtual int64_t prompt_remaining() const = 0;  // prompt tokens not yet fed
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Bytes (payload + scales) a cache of these settings holds when full: the
+  // admission reservation. Thread-safe (called from HTTP threads); memoised.
+  virtual size_t reservation_bytes(const CacheOptions& o) = 0;
+  virtual int64_t context_length() const = 0;
+  virtual bool is_eos(int32_t id) const = 0;
+  // A sequence with its own cache (capacity = the context for an unbounded one).
+  virtual std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheOptions& o,
+                                          const SamplerConfig& s) = 0;
+  // Feeds the next min(max_tokens, remaining) prompt tokens. Chunk boundaries
+  // depend only on the sequence and max_tokens, never on other sequences (batch
+  // invariance).
+  virtual void prefill(Sequence& seq, int64_t max_tokens) = 0;
+  // One decode step: for every sequence, runs its last sampled token (if any)
+  // through the model, then samples the next one into out[i]. seqs are prefilled.
+  virtual void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) = 0;
+  // The sequence's cache cannot take another token (unbounded cache at the context).
+  virtual bool full(const Sequence& seq) const = 0;
+};
+
+}  // namespace ptllm::serve

@@ -1,0 +1,421 @@
+#include "serve/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+
+#include "core/error.h"
+#include "serve/openai_schema.h"
+#include "serve/stop_text.h"
+
+namespace ptllm::serve {
+
+using nlohmann::json;
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(j.dump(), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
+
+// What the scheduler thread hands to the HTTP thread answering one request.
+struct Output {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending;  // released text not yet sent
+  bool done = false;
+  FinishReason reason = FinishReason::Stop;
+  std::string error;
+  int64_t completion_tokens = 0;
+};
+
+// One generation request being answered.
+struct Generation {
+  std::shared_ptr<Job> job;
+  std::shared_ptr<Output> out;
+  bool chat = false;
+  std::string id, model;
+  int64_t created = 0, prompt_tokens = 0;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  ServerOptions opt;
+  const LoadedModel& lm;
+  Backend& backend;
+  Scheduler& sched;
+  Metrics& metrics;
+  ChatRenderer chat;
+  HttpServer& owner;
+  httplib::Server svr;
+  std::atomic<bool> draining{false};
+  std::atomic<uint64_t> next_id{1};
+
+  Impl(ServerOptions o, const LoadedModel& lm, Backend& b, Scheduler& s, Metrics& m, ChatRenderer c, HttpServer& h)
+      : opt(std::move(o)), lm(lm), backend(b), sched(s), metrics(m), chat(std::move(c)), owner(h) {}
+
+  void routes();
+  bool authorised(const httplib::Request& req, httplib::Response& res);
+  std::vector<int32_t> completion_prompt(const CompletionRequest& r);
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat_endpoint);
+  Generation submit(std::vector<int32_t> prompt, const GenParams& g, bool chat_endpoint, const std::string& model);
+  json final_body(const Generation& g, const std::string& text) const;
+  json chunk(const Generation& g, const std::string& text, bool first, const FinishReason* fin) const;
+  void stream(httplib::Response& res, Generation g);
+};
+
+bool HttpServer::Impl::authorised(const httplib::Request& req, httplib::Response& res) {
+  if (opt.api_key.empty() || req.path == "/health" || req.path == "/metrics") return true;
+  if (req.get_header_value("Authorization") == "Bearer " + opt.api_key) return true;
+  metrics.rejected("unauthorized");
+  send_error(res, ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)", "",
+                           "invalid_request_error", "invalid_api_key"));
+  return false;
+}
+
+std::vector<int32_t> HttpServer::Impl::completion_prompt(const CompletionRequest& r) {
+  if (const auto* ids = std::get_if<std::vector<int32_t>>(&r.prompt)) return *ids;
+  if (!lm.tokenizer) throw ApiError(400, "prompt: the model has no tokenizer; send token ids", "prompt");
+  std::vector<int32_t> ids = lm.tokenizer->encode(std::get<std::string>(r.prompt), true);
+  if (ids.empty() && lm.bos_id >= 0) ids.push_back(lm.bos_id);
+  if (ids.empty()) throw ApiError(400, "prompt: empty, and the model has no BOS token to start from", "prompt");
+  return ids;
+}
+
+Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams& gp, bool chat_endpoint,
+                                    const std::string& model) {
+  const int64_t ctx = backend.context_length();
+  if (!gp.cache.streaming() && int64_t(prompt.size()) > ctx)
+    throw ApiError(400, fmt::format("prompt: {} tokens, longer than the model's context of {} tokens (a bounded "
+                                    "kv_cache with sink + window takes any length)", prompt.size(), ctx), "prompt",
+                   "invalid_request_error", "context_length_exceeded");
+  Generation g;
+  g.chat = chat_endpoint;
+  g.id = fmt::format("{}-{}", chat_endpoint ? "chatcmpl" : "cmpl", next_id++);
+  g.model = model.empty() ? opt.model_name : model;
+  g.created = unix_now();
+  g.prompt_tokens = int64_t(prompt.size());
+  g.out = std::make_shared<Output>();
+  g.job = std::make_shared<Job>();
+  Job& job = *g.job;
+  job.prompt = std::move(prompt);
+  job.cache = gp.cache;
+  job.sampler = gp.sampler;
+  if (!gp.seeded) job.sampler.seed = std::random_device{}();
+  job.max_tokens = gp.max_tokens;
+  job.ignore_eos = gp.ignore_eos;
+  // Decoding and stop strings run on the scheduler thread, so the HTTP thread only copies text.
+  struct TextState {
+    StreamDecoder dec;
+    StopText stop;
+  };
+  auto ts = std::make_shared<TextState>(TextState{StreamDecoder(*lm.tokenizer), StopText(gp.stop)});
+  auto out = g.out;
+  job.on_token = [ts, out](int32_t id) {
+    const std::string piece = ts->stop.push(ts->dec.push(id));
+    std::lock_guard lk(out->mu);
+    ++out->completion_tokens;
+    out->pending += piece;
+    out->cv.notify_all();
+    return !ts->stop.stopped();
+  };
+  job.on_finish = [ts, out](FinishReason r, const std::string& error) {
+    std::string rest = ts->stop.push(ts->dec.flush());  // a held-back partial character, then held-back text
+    rest += ts->stop.flush();
+    std::lock_guard lk(out->mu);
+    out->pending += rest;
+    out->done = true;
+    out->reason = r;
+    out->error = error;
+    out->cv.notify_all();
+  };
+  std::string why;
+  switch (sched.submit(g.job, &why)) {
+    case Admit::Queued: break;
+    case Admit::QueueFull:
+      metrics.rejected("queue_full");
+      throw ApiError(429, "server busy: the request queue is full (--max-queue); retry later", "", "rate_limit_error",
+                     "queue_full");
+    case Admit::Draining:
+      metrics.rejected("draining");
+      throw ApiError(503, "server is shutting down", "", "server_error", "draining");
+    case Admit::TooLarge:
+      metrics.rejected("too_large");
+      throw ApiError(400, "kv_cache: " + why, "kv_cache", "invalid_request_error", "kv_budget_exceeded");
+  }
+  return g;
+}
+
+json HttpServer::Impl::final_body(const Generation& g, const std::string& text) const {
+  const Output& o = *g.out;
+  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(o.reason)}, {"logprobs", nullptr}};
+  if (g.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  return {{"id", g.id},
+          {"object", g.chat ? "chat.completion" : "text_completion"},
+          {"created", g.created},
+          {"model", g.model},
+          {"choices", json::array({choice})},
+          {"usage",
+           {{"prompt_tokens", g.prompt_tokens},
+            {"completion_tokens", o.completion_tokens},
+            {"total_tokens", g.prompt_tokens + o.completion_tokens}}}};
+}
+
+// One SSE event's JSON. `fin` set: the last chunk, with finish_reason and usage.
+json HttpServer::Impl::chunk(const Generation& g, const std::string& text, bool first, const FinishReason* fin) const {
+  json choice = {{"index", 0}, {"finish_reason", fin ? json(finish_reason_name(*fin)) : json(nullptr)}};
+  if (g.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || !fin) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  json j = {{"id", g.id},
+            {"object", g.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", g.created},
+            {"model", g.model},
+            {"choices", json::array({choice})}};
+  if (fin) {
+    const int64_t n = g.out->completion_tokens;
+    j["usage"] = {{"prompt_tokens", g.prompt_tokens}, {"completion_tokens", n}, {"total_tokens", g.prompt_tokens + n}};
+  }
+  return j;
+}
+
+void HttpServer::Impl::stream(httplib::Response& res, Generation g) {
+  auto first = std::make_shared<bool>(true);
+  Scheduler* sc = &sched;
+  auto job = g.job;
+  std::atomic<int64_t>* inflight = &owner.in_flight_;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // nginx: do not buffer this response
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, g, first, sc](size_t, httplib::DataSink& sink) {
+        const auto event = [&](const json& j) {
+          const std::string s = "data: " + j.dump() + "\n\n";
+          return sink.write(s.data(), s.size());
+        };
+        std::string text;
+        bool done = false;
+        {
+          std::unique_lock lk(g.out->mu);
+          g.out->cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return !g.out->pending.empty() || g.out->done; });
+          text.swap(g.out->pending);
+          done = g.out->done;
+        }
+        // A failed write is how a disconnect shows: cancel, and the scheduler frees the cache.
+        const auto cancel = [&] {
+          g.job->cancelled = true;
+          sc->wake();
+          return false;
+        };
+        if (!text.empty() || (*first && g.chat && !done)) {
+          if (!event(chunk(g, text, *first, nullptr))) return cancel();
+          *first = false;
+        } else if (!done) {
+          // Silence while queued or prefilling: an SSE comment both keeps proxies
+          // from timing out and finds a client that went away.
+          static const char kKeepAlive[] = ": keep-alive\n\n";
+          if (!sink.write(kKeepAlive, sizeof kKeepAlive - 1)) return cancel();
+        }
+        if (!done) return true;
+        if (g.out->reason == FinishReason::Error) {
+          event(error_json(ApiError(500, "generation failed: " + g.out->error, "", "server_error", "engine_error")));
+        } else {
+          const FinishReason fin = g.out->reason;
+          if (!event(chunk(g, "", *first, &fin))) return cancel();
+        }
+        static const char kDone[] = "data: [DONE]\n\n";
+        sink.write(kDone, sizeof kDone - 1);
+        sink.done();
+        return true;
+      },
+      [job, sc, inflight](bool) {
+        job->cancelled = true;  // no-op when it already finished
+        sc->wake();
+        --*inflight;
+      });
+}
+
+void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat_endpoint) {
+  if (draining) {
+    metrics.rejected("draining");
+    throw ApiError(503, "server is shutting down", "", "server_error", "draining");
+  }
+  if (!lm.tokenizer) throw ApiError(400, "the model has no tokenizer to decode generated text", "");
+  const json body = parse_body(req.body);
+  std::vector<int32_t> prompt;
+  GenParams gp;
+  std::string model;
+  if (chat_endpoint) {
+    ChatRequest r = parse_chat(body, opt.cache_defaults);
+    if (!chat) throw ApiError(400, "messages: model has no chat template (start the server with --chat-template FILE)",
+                              "messages", "invalid_request_error", "no_chat_template");
+    prompt = lm.tokenizer->encode(chat(r.messages), false);
+    if (prompt.empty()) throw ApiError(400, "messages: the chat template rendered an empty prompt", "messages");
+    gp = r.gen;
+    model = r.model;
+  } else {
+    CompletionRequest r = parse_completion(body, opt.cache_defaults, lm.model->config().vocab_size);
+    prompt = completion_prompt(r);
+    gp = r.gen;
+    model = r.model;
+  }
+  Generation g = submit(std::move(prompt), gp, chat_endpoint, model);
+  ++owner.in_flight_;
+  if (gp.stream) return stream(res, std::move(g));
+  std::unique_lock lk(g.out->mu);
+  g.out->cv.wait(lk, [&] { return g.out->done; });
+  const std::string text = g.out->pending;
+  lk.unlock();
+  --owner.in_flight_;
+  if (g.out->reason == FinishReason::Error)
+    throw ApiError(500, "generation failed: " + g.out->error, "", "server_error", "engine_error");
+  send_json(res, 200, final_body(g, text));
+}
+
+namespace {
+// Wraps a handler: ApiError -> its JSON, ptllm::Error -> 400, anything else -> 500.
+// With `m`, a 400 counts as a request rejected as invalid.
+template <typename F>
+httplib::Server::Handler guarded(F f, Metrics* m = nullptr) {
+  return [f, m](const httplib::Request& req, httplib::Response& res) {
+    try {
+      f(req, res);
+    } catch (const ApiError& e) {
+      if (m && e.status == 400 && e.code != "kv_budget_exceeded") m->rejected("invalid");
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, ApiError(400, e.what()));
+    } catch (const std::exception& e) {
+      send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "", "server_error"));
+    }
+  };
+}
+}  // namespace
+
+void HttpServer::Impl::routes() {
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return authorised(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                : httplib::Server::HandlerResponse::Handled;
+  });
+  // Errors httplib produces itself (no route, body over the limit) get the OpenAI shape too.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404)
+      send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "invalid_request_error",
+                               "not_found"));
+    else if (res.status == 413 && (metrics.rejected("invalid"), true))
+      send_error(res, ApiError(413, fmt::format("request body larger than the server's limit of {} bytes (--max-body)",
+                                                opt.max_body), "", "invalid_request_error", "body_too_large"));
+    else
+      send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.Post("/v1/completions", guarded([this](const auto& req, auto& res) { generate(req, res, false); }, &metrics));
+  svr.Post("/v1/chat/completions",
+           guarded([this](const auto& req, auto& res) { generate(req, res, true); }, &metrics));
+  svr.Get("/v1/models", guarded([this](const auto&, auto& res) {
+    send_json(res, 200,
+              {{"object", "list"},
+               {"data", json::array({{{"id", opt.model_name},
+                                      {"object", "model"},
+                                      {"created", unix_now()},
+                                      {"owned_by", "posttrainllm"},
+                                      {"context_length", backend.context_length()}}})}});
+  }));
+  svr.Get("/health", guarded([this](const auto&, auto& res) {
+    if (draining)
+      send_json(res, 503, {{"status", "draining"}});
+    else
+      send_json(res, 200, {{"status", "ok"}});
+  }));
+  svr.Get("/metrics", guarded([this](const auto&, auto& res) {
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  }));
+  svr.Post("/tokenize", guarded([this](const auto& req, auto& res) {
+    const json b = parse_body(req.body);
+    auto c = b.find("content");
+    if (c == b.end() || !c->is_string()) throw ApiError(400, "content: expected a string", "content");
+    bool special = true;
+    if (auto a = b.find("add_special"); a != b.end()) {
+      if (!a->is_boolean()) throw ApiError(400, "add_special: expected true or false", "add_special");
+      special = a->template get<bool>();
+    }
+    if (!lm.tokenizer) throw ApiError(400, "the model has no tokenizer");
+    send_json(res, 200, {{"tokens", lm.tokenizer->encode(c->template get<std::string>(), special)}});
+  }));
+  svr.Post("/detokenize", guarded([this](const auto& req, auto& res) {
+    const json b = parse_body(req.body);
+    auto t = b.find("tokens");
+    if (t == b.end() || !t->is_array()) throw ApiError(400, "tokens: expected an array of token ids", "tokens");
+    std::vector<int32_t> ids;
+    const int32_t vocab = lm.model->config().vocab_size;
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& v = (*t)[i];
+      if (!v.is_number_integer() || v.template get<int64_t>() < 0 || v.template get<int64_t>() >= vocab)
+        throw ApiError(400, fmt::format("tokens[{}]: expected a token id in [0, {})", i, vocab), "tokens");
+      ids.push_back(v.template get<int32_t>());
+    }
+    if (!lm.tokenizer) throw ApiError(400, "the model has no tokenizer");
+    send_json(res, 200, {{"content", lm.tokenizer->decode(ids)}});
+  }));
+}
+
+HttpServer::HttpServer(ServerOptions opt, const LoadedModel& lm, Backend& backend, Scheduler& sched,
+                       Metrics& metrics, ChatRenderer chat)
+    : impl_(std::make_unique<Impl>(std::move(opt), lm, backend, sched, metrics, std::move(chat), *this)) {
+  auto& svr = impl_->svr;
+  const int threads = std::max(4, impl_->opt.http_threads);
+  // Every open connection (a stream) holds a thread; the rest wait in the pool's
+  // queue, which is unbounded, so many connections queue rather than fail.
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  svr.set_payload_max_length(impl_->opt.max_body);
+  svr.set_tcp_nodelay(true);  // SSE events are small writes: Nagle + delayed ACK would hold each up to 40 ms
+  svr.set_keep_alive_timeout(2);  // idle keep-alive connections give their thread back soon
+  svr.set_read_timeout(30);
+  svr.set_write_timeout(30);
+  impl_->routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  auto& o = impl_->opt;
+  int port = o.port;
+  if (o.port == 0) {
+    port = impl_->svr.bind_to_any_port(o.host);
+    if (port < 0) fail("--host {}: cannot bind a port", o.host);
+  } else if (!impl_->svr.bind_to_port(o.host, o.port)) {
+    fail("--host {} --port {}: cannot bind (in use, or not an address of this machine)", o.host, o.port);
+  }
+  return port;
+}
+
+void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+void HttpServer::stop() { impl_->svr.stop(); }
+void HttpServer::begin_drain() {
+  impl_->draining = true;
+  impl_->sched.drain();
+}
+
+}  // namespace ptllm::serve

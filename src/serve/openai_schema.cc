@@ -1,0 +1,201 @@
+#include "serve/openai_schema.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace ptllm::serve {
+
+using nlohmann::json;
+
+json error_json(const ApiError& e) {
+  return {{"error",
+           {{"message", e.what()},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    throw ApiError(400, fmt::format("request body is not valid JSON: {}", e.what()), "", "invalid_request_error",
+                   "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, "request body: expected a JSON object", "", "invalid_request_error", "invalid_json");
+  return j;
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& what) {
+  throw ApiError(400, fmt::format("{}: {}", param, what), param, "invalid_request_error", "invalid_value");
+}
+
+// The field, or nullptr when absent or null (OpenAI clients send null for "unset").
+const json* field(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it == o.end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t integer(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) bad(name, fmt::format("expected an integer, got {}", v.dump()));
+  // Unsigned values above INT64_MAX are out of range too.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) bad(name, fmt::format("expected <= {}", hi));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad(name, fmt::format("expected an integer in [{}, {}], got {}", lo, hi, x));
+  return x;
+}
+
+double number(const json& v, const std::string& name, double lo, double hi) {
+  if (!v.is_number()) bad(name, fmt::format("expected a number, got {}", v.dump()));
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) bad(name, fmt::format("expected a number in [{}, {}], got {}", lo, hi, x));
+  return x;
+}
+
+bool boolean(const json& v, const std::string& name) {
+  if (!v.is_boolean()) bad(name, fmt::format("expected true or false, got {}", v.dump()));
+  return v.get<bool>();
+}
+
+std::string string(const json& v, const std::string& name) {
+  if (!v.is_string()) bad(name, fmt::format("expected a string, got {}", v.dump()));
+  return v.get<std::string>();
+}
+
+KVStorage storage(const json& v, const std::string& name) {
+  const std::string s = string(v, name);
+  try {
+    return parse_storage(s, name);
+  } catch (const Error& e) {
+    bad(name, fmt::format("got \"{}\", expected one of fp32, fp16, bf16, int8, int4, int2", s));
+  }
+}
+
+// temperature, top_p, top_k, seed, max_tokens (under `max_key`), stop, n,
+// stream, ignore_eos, kv_cache.
+GenParams parse_gen(const json& b, const CacheOptions& defaults, const char* max_key, int64_t max_default) {
+  GenParams g;
+  g.max_tokens = max_default;
+  g.sampler.temperature = 1.0;  // OpenAI's default
+  g.sampler.top_p = 1.0;
+  if (const json* v = field(b, max_key)) g.max_tokens = integer(*v, max_key, 1, int64_t(1) << 30);
+  if (const json* v = field(b, "temperature")) g.sampler.temperature = number(*v, "temperature", 0, 2);
+  if (const json* v = field(b, "top_p")) {
+    g.sampler.top_p = number(*v, "top_p", 0, 1);
+    if (g.sampler.top_p <= 0) bad("top_p", "expected a number in (0, 1], got 0");
+  }
+  if (const json* v = field(b, "top_k")) g.sampler.top_k = integer(*v, "top_k", 0, int64_t(1) << 31);
+  if (const json* v = field(b, "seed")) {
+    g.sampler.seed = uint64_t(integer(*v, "seed", INT64_MIN, INT64_MAX));
+    g.seeded = true;
+  }
+  if (const json* v = field(b, "n"); v && integer(*v, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
+  if (const json* v = field(b, "stream")) g.stream = boolean(*v, "stream");
+  if (const json* v = field(b, "ignore_eos")) g.ignore_eos = boolean(*v, "ignore_eos");
+  if (const json* v = field(b, "stream_options")) {
+    if (!v->is_object()) bad("stream_options", "expected an object");
+    if (const json* u = field(*v, "include_usage")) boolean(*u, "stream_options.include_usage");
+  }
+  if (const json* v = field(b, "stop")) {
+    if (v->is_string()) {
+      g.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 4) bad("stop", fmt::format("at most 4 stop strings, got {}", v->size()));
+      for (size_t i = 0; i < v->size(); ++i) g.stop.push_back(string((*v)[i], fmt::format("stop[{}]", i)));
+    } else {
+      bad("stop", fmt::format("expected a string or an array of strings, got {}", v->dump()));
+    }
+    for (size_t i = 0; i < g.stop.size(); ++i)
+      if (g.stop[i].empty()) bad(fmt::format("stop[{}]", i), "empty stop string");
+  }
+  g.cache = defaults;
+  if (const json* v = field(b, "kv_cache")) g.cache = parse_kv_cache(*v, defaults);
+  return g;
+}
+
+std::string model_name(const json& b) {
+  const json* v = field(b, "model");
+  return v ? string(*v, "model") : std::string();
+}
+
+}  // namespace
+
+CacheOptions parse_kv_cache(const json& obj, const CacheOptions& defaults) {
+  if (!obj.is_object()) bad("kv_cache", fmt::format("expected an object, got {}", obj.dump()));
+  CacheOptions o = defaults;
+  for (const auto& [key, v] : obj.items()) {
+    const std::string name = "kv_cache." + key;
+    if (key == "quantize") o.storage = storage(v, name);
+    else if (key == "quantize_k") o.key_storage = storage(v, name);
+    else if (key == "quantize_v") o.value_storage = storage(v, name);
+    else if (key == "sink") o.sink = integer(v, name, 0, int64_t(1) << 31);
+    else if (key == "window") o.window = integer(v, name, 0, int64_t(1) << 31);
+    else if (key == "kivi_group") o.kivi_group = integer(v, name, 0, int64_t(1) << 20);
+    else if (key == "kivi_residual") o.kivi_residual = integer(v, name, 0, int64_t(1) << 20);
+    else if (key == "rope") {
+      const std::string s = string(v, name);
+      if (s == "absolute") o.rope_mode = RopeMode::Absolute;
+      else if (s == "reposition") o.rope_mode = RopeMode::Reposition;
+      else bad(name, fmt::format("got \"{}\", expected absolute or reposition", s));
+    } else {
+      bad(name, "unknown field (expected quantize, quantize_k, quantize_v, sink, window, rope, kivi_group, kivi_residual)");
+    }
+  }
+  // A sink given here with the server's default (unbounded) window: the cross-field rule.
+  try {
+    validate(o);
+  } catch (const Error& e) {
+    bad("kv_cache", e.what());
+  }
+  return o;
+}
+
+CompletionRequest parse_completion(const json& b, const CacheOptions& defaults, int32_t vocab) {
+  CompletionRequest r;
+  r.model = model_name(b);
+  const json* p = field(b, "prompt");
+  if (!p) bad("prompt", "required");
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < p->size(); ++i) ids.push_back(int32_t(integer((*p)[i], fmt::format("prompt[{}]", i), 0, vocab - 1)));
+    r.prompt = std::move(ids);
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    r.prompt = (*p)[0].get<std::string>();  // the openai client may wrap one prompt in an array
+  } else {
+    bad("prompt", "expected a string, an array of token ids, or an array of one string");
+  }
+  r.gen = parse_gen(b, defaults, "max_tokens", 16);
+  return r;
+}
+
+ChatRequest parse_chat(const json& b, const CacheOptions& defaults) {
+  ChatRequest r;
+  r.model = model_name(b);
+  const json* m = field(b, "messages");
+  if (!m) bad("messages", "required");
+  if (!m->is_array() || m->empty()) bad("messages", "expected a non-empty array of messages");
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string at = fmt::format("messages[{}]", i);
+    if (!msg.is_object()) bad(at, "expected an object with role and content");
+    const json* role = field(msg, "role");
+    if (!role) bad(at + ".role", "required");
+    string(*role, at + ".role");
+    const json* content = field(msg, "content");
+    if (content && !content->is_string() && !content->is_array())
+      bad(at + ".content", fmt::format("expected a string or an array of parts, got {}", content->dump()));
+  }
+  r.messages = *m;
+  // max_completion_tokens is the newer name; max_tokens is still sent by older clients.
+  const bool has_new = field(b, "max_completion_tokens") != nullptr;
+  r.gen = parse_gen(b, defaults, has_new ? "max_completion_tokens" : "max_tokens", 256);
+  return r;
+}
+
+}  // namespace ptllm::serve

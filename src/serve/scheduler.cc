@@ -1,0 +1,280 @@
+#include "serve/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace ptllm::serve {
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics* metrics)
+    : backend_(backend), cfg_(cfg), metrics_(metrics) {
+  if (cfg_.max_sequences < 1) fail("--max-sequences {}: expected >= 1", cfg_.max_sequences);
+  if (cfg_.max_queue < 0) fail("--max-queue {}: expected >= 0", cfg_.max_queue);
+  if (cfg_.prefill_chunk < 1) fail("prefill chunk {}: expected >= 1", cfg_.prefill_chunk);
+  publish_gauges();
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& e : running_) finish(*e, FinishReason::Cancelled);
+  for (auto& e : queue_) finish(e, FinishReason::Cancelled);
+}
+
+Admit Scheduler::submit(std::shared_ptr<Job> job, std::string* why) {
+  if (draining_) return Admit::Draining;
+  const size_t need = backend_.reservation_bytes(job->cache);  // outside the lock: may fill a throwaway cache
+  if (need > cfg_.kv_budget) {
+    if (why) *why = fmt::format("this kv_cache setting reserves {} bytes, more than the server's --kv-budget of {} bytes",
+                                need, cfg_.kv_budget);
+    return Admit::TooLarge;
+  }
+  {
+    std::lock_guard lk(mu_);
+    if (draining_) return Admit::Draining;
+    // --max-queue counts requests that must wait: those beyond the free sequence slots.
+    const int64_t free_slots = std::max<int64_t>(0, cfg_.max_sequences - int64_t(running_.size()));
+    if (int64_t(queue_.size()) >= cfg_.max_queue + free_slots) return Admit::QueueFull;
+    Entry e;
+    e.job = std::move(job);
+    e.reservation = need;
+    e.submitted = Clock::now();
+    queue_.push_back(std::move(e));
+    woken_ = true;
+  }
+  cv_.notify_all();  // gauges are published by the next step (only that thread may read live caches)
+  return Admit::Queued;
+}
+
+void Scheduler::wake() {
+  {
+    std::lock_guard lk(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::drain() {
+  draining_ = true;
+  wake();
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard lk(mu_);
+  return queue_.empty() && running_.empty();
+}
+size_t Scheduler::reserved_bytes() const {
+  std::lock_guard lk(mu_);
+  return reserved_;
+}
+int64_t Scheduler::running() const {
+  std::lock_guard lk(mu_);
+  return int64_t(running_.size());
+}
+int64_t Scheduler::queued() const {
+  std::lock_guard lk(mu_);
+  return int64_t(queue_.size());
+}
+
+void Scheduler::finish(Entry& e, FinishReason r, const std::string& error) {
+  if (metrics_) metrics_->finished(std::string(finish_reason_name(r)));
+  if (e.job->on_finish) e.job->on_finish(r, error);
+  e.seq.reset();  // frees the cache now, not when the HTTP side lets go of the job
+}
+
+void Scheduler::drop_cancelled() {
+  std::vector<Entry> gone_queued;
+  std::vector<std::unique_ptr<Entry>> gone_running;
+  {
+    std::lock_guard lk(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->job->cancelled) {
+        gone_queued.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = running_.begin(); it != running_.end();) {
+      if ((*it)->job->cancelled || !(*it)->error.empty()) {
+        reserved_ -= (*it)->reservation;
+        gone_running.push_back(std::move(*it));
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& e : gone_queued) finish(e, FinishReason::Cancelled);
+  for (auto& e : gone_running)
+    finish(*e, e->error.empty() ? FinishReason::Cancelled : FinishReason::Error, e->error);
+}
+
+void Scheduler::admit() {
+  // Strict FIFO: the head waits for room even when a smaller request behind it
+  // would fit, so a large request is never starved.
+  for (;;) {
+    Entry e;
+    {
+      std::lock_guard lk(mu_);
+      if (queue_.empty() || int64_t(running_.size()) >= cfg_.max_sequences) return;
+      if (reserved_ + queue_.front().reservation > cfg_.kv_budget) return;
+      e = std::move(queue_.front());
+      queue_.pop_front();
+      reserved_ += e.reservation;
+    }
+    try {
+      e.seq = backend_.start(e.job->prompt, e.job->cache, e.job->sampler);
+    } catch (const std::exception& ex) {
+      {
+        std::lock_guard lk(mu_);
+        reserved_ -= e.reservation;
+      }
+      finish(e, FinishReason::Error, ex.what());
+      continue;
+    }
+    if (metrics_) metrics_->prompt_tokens(int64_t(e.job->prompt.size()));
+    std::lock_guard lk(mu_);
+    running_.push_back(std::make_unique<Entry>(std::move(e)));
+  }
+}
+
+void Scheduler::prefill() {
+  int64_t budget = cfg_.prefill_tokens_per_step;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Entry& e = *running_[i];
+    if (e.seq->prefilled()) continue;
+    const int64_t n = std::min(cfg_.prefill_chunk, e.seq->prompt_remaining());
+    try {
+      backend_.prefill(*e.seq, cfg_.prefill_chunk);
+    } catch (const std::exception& ex) {
+      e.error = ex.what();  // removed as an error by drop_cancelled() before decode
+      continue;
+    }
+    budget -= n;
+  }
+}
+
+void Scheduler::emit(Entry& e, int32_t id) {
+  const auto now = Clock::now();
+  if (metrics_) {
+    if (e.generated == 0)
+      metrics_->time_to_first_token(std::chrono::duration<double>(now - e.submitted).count());
+    else
+      metrics_->inter_token_latency(std::chrono::duration<double>(now - e.last_token).count());
+    metrics_->generated_tokens(1);
+  }
+  e.last_token = now;
+  ++e.generated;
+}
+
+void Scheduler::decode() {
+  std::vector<Entry*> batch;
+  std::vector<Sequence*> seqs;
+  for (auto& e : running_)
+    if (e->seq->prefilled()) {
+      batch.push_back(e.get());
+      seqs.push_back(e->seq.get());
+    }
+  if (batch.empty()) return;
+  if (metrics_) metrics_->batch_size(int64_t(batch.size()));
+  std::vector<int32_t> ids(batch.size(), -1);
+  std::vector<std::pair<Entry*, FinishReason>> done;
+  std::string error;
+  try {
+    backend_.decode(seqs, ids);
+  } catch (const std::exception& ex) {
+    error = ex.what();
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Entry& e = *batch[i];
+    if (!error.empty()) {
+      done.emplace_back(&e, FinishReason::Error);
+      continue;
+    }
+    emit(e, ids[i]);
+    if (backend_.is_eos(ids[i]) && !e.job->ignore_eos)
+      done.emplace_back(&e, FinishReason::Stop);
+    else if (e.job->on_token && !e.job->on_token(ids[i]))
+      done.emplace_back(&e, FinishReason::Stop);
+    else if (e.generated >= e.job->max_tokens || backend_.full(*e.seq))
+      done.emplace_back(&e, FinishReason::Length);
+  }
+  std::vector<std::unique_ptr<Entry>> finished;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [ptr, r] : done)
+      for (auto it = running_.begin(); it != running_.end(); ++it)
+        if (it->get() == ptr) {
+          reserved_ -= ptr->reservation;
+          finished.push_back(std::move(*it));
+          running_.erase(it);
+          break;
+        }
+  }
+  for (size_t i = 0; i < done.size(); ++i) finish(*finished[i], done[i].second, error);
+}
+
+void Scheduler::publish_gauges() {
+  if (!metrics_) return;
+  Gauges g;
+  {
+    std::lock_guard lk(mu_);
+    g.running = int64_t(running_.size());
+    g.queued = int64_t(queue_.size());
+    g.kv_reserved = reserved_;
+    for (const auto& e : running_)
+      if (e->seq) g.kv_in_use += e->seq->kv_bytes();
+  }
+  g.kv_budget = cfg_.kv_budget;
+  metrics_->set_gauges(g);
+}
+
+bool Scheduler::step() {
+  bool had_work;
+  {
+    std::lock_guard lk(mu_);
+    had_work = !queue_.empty() || !running_.empty();
+  }
+  drop_cancelled();
+  admit();
+  prefill();
+  drop_cancelled();  // prefill errors, and cancellations that came in meanwhile
+  decode();
+  publish_gauges();
+  return had_work;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    const bool worked = step();
+    std::unique_lock lk(mu_);
+    if (stop_) return;
+    // Idle: sleep until a submit/cancel; the timeout re-checks cancelled flags
+    // set without a wake().
+    if (!worked || (running_.empty() && !woken_))
+      cv_.wait_for(lk, std::chrono::milliseconds(50), [this] { return stop_ || woken_; });
+    woken_ = false;
+    if (stop_) return;
+  }
+}
+
+void Scheduler::start() { thread_ = std::thread([this] { loop(); }); }
+
+}  // namespace ptllm::serve

@@ -1,0 +1,310 @@
+// End-to-end tests of `posttrainllm serve`: start the real server on a free
+// loopback port and drive it over HTTP (fetch) and with the real `openai` npm
+// client. Usage: node e2e.mjs GROUP  (openai | errors | disconnect | sigterm |
+// batch | flagship | connections). Env: PTLLM_CLI (the executable), PTLLM_REPO_DIR,
+// PTLLM_NODE_MODULES (a node_modules holding openai: tools/anchors/node_modules).
+import { spawn } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import assert from 'node:assert/strict';
+
+const CLI = process.env.PTLLM_CLI;
+const REPO = process.env.PTLLM_REPO_DIR;
+const NODE_MODULES = process.env.PTLLM_NODE_MODULES || `${REPO}/tools/anchors/node_modules`;
+const STORIES = `${REPO}/models/stories260K`;
+const PROMPT = 'Once upon a time';
+
+// Starts the server; resolves once it prints its port. extra: more CLI flags.
+function startServer(extra = [], model = STORIES) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(CLI, ['serve', model, '--port', '0', '--threads', '1', ...extra],
+                       { env: { ...process.env, OMP_WAIT_POLICY: 'passive' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 30000);
+    proc.stderr.on('data', (d) => {
+      log += d;
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m && !proc.url) {
+        clearTimeout(timer);
+        proc.url = `http://127.0.0.1:${m[1]}`;
+        proc.log = () => log;
+        proc.exited = new Promise((res) => proc.on('exit', (code, sig) => res({ code, sig })));
+        resolve(proc);
+      }
+    });
+    proc.on('exit', (code) => { if (!proc.url) reject(new Error(`server exited ${code}:\n${log}`)); });
+  });
+}
+
+async function stopServer(proc) {
+  proc.kill('SIGTERM');
+  const { code } = await proc.exited;
+  assert.equal(code, 0, `server exit code after SIGTERM\n${proc.log()}`);
+}
+
+async function post(url, body, headers = {}) {
+  const res = await fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers },
+                                 body: typeof body === 'string' ? body : JSON.stringify(body) });
+  const text = await res.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* SSE or empty */ }
+  return { status: res.status, text, json };
+}
+
+// Prometheus text -> { name{labels}: value }.
+async function metrics(url) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const out = {};
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const i = line.lastIndexOf(' ');
+    out[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return out;
+}
+
+// Parses an SSE body into the JSON of each data event; checks it ends with [DONE].
+function sseEvents(text) {
+  const events = text.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+  assert.equal(events.at(-1), '[DONE]', 'stream ends with data: [DONE]');
+  return events.slice(0, -1).map((e) => JSON.parse(e));
+}
+
+function llama2cReference() {
+  const ref = readFileSync(`${STORIES}/greedy_prompt_once_upon_a_time_n100.txt`, 'utf8');
+  return ref.replace(/[ \n]+$/, '');
+}
+
+const groups = {
+  // The openai client: completions and chat, streamed and not, models.
+  async openai() {
+    const require = createRequire(`${NODE_MODULES}/`);
+    const OpenAI = require('openai');
+    const srv = await startServer(['--api-key', 'sekret']);
+    try {
+      const client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'sekret', maxRetries: 0 });
+      const models = await client.models.list();
+      assert.equal(models.data[0].id, 'stories260K');
+      // Greedy text against llama2.c's own run of this model (an independent reference).
+      const ref = llama2cReference();
+      const c = await client.completions.create({ model: 'stories260K', prompt: PROMPT, max_tokens: 110,
+                                                  temperature: 0, ignore_eos: true });
+      assert.equal(c.object, 'text_completion');
+      assert.equal(c.choices[0].finish_reason, 'length');
+      assert.equal(c.usage.completion_tokens, 110);
+      assert.equal(c.usage.prompt_tokens, 5);  // BOS + 4
+      assert.ok((PROMPT + c.choices[0].text).startsWith(ref), `greedy text:\n${PROMPT + c.choices[0].text}`);
+      // Streamed: the same text, piece by piece, usage in the last chunk.
+      const stream = await client.completions.create({ model: 'stories260K', prompt: PROMPT, max_tokens: 110,
+                                                       temperature: 0, ignore_eos: true, stream: true });
+      let text = '', chunks = 0, last = null;
+      for await (const ch of stream) { text += ch.choices[0]?.text ?? ''; chunks++; last = ch; }
+      assert.equal(text, c.choices[0].text);
+      assert.ok(chunks > 50, `chunks: ${chunks}`);
+      assert.equal(last.choices[0].finish_reason, 'length');
+      assert.equal(last.usage.completion_tokens, 110);
+      // A stop string ends generation before it (and it is not returned).
+      const s = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 60, temperature: 0,
+                                                  stop: ['Lily'] });
+      assert.equal(s.choices[0].text, ', there was a little girl named ');
+      assert.equal(s.choices[0].finish_reason, 'stop');
+      // A bounded int4 cache through the extension field, longer than its window.
+      const b = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 80, temperature: 0,
+                                                  ignore_eos: true, kv_cache: { quantize: 'int4', sink: 4, window: 28 } });
+      assert.equal(b.usage.completion_tokens, 80);
+      // Chat: this model has no chat template, so the 400 that says so.
+      await assert.rejects(client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'hi' }] }),
+                           (e) => e.status === 400 && /no chat template/.test(e.message));
+      await assert.rejects(client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'hi' }],
+                                                            stream: true }),
+                           (e) => e.status === 400 && /no chat template/.test(e.message));
+      // Wrong key: 401.
+      const bad = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'wrong', maxRetries: 0 });
+      await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.code === 'invalid_api_key');
+      assert.equal((await fetch(`${srv.url}/health`)).status, 200);  // no key needed
+    } finally {
+      await stopServer(srv);
+    }
+  },
+
+  // Bad input: each is an OpenAI-shaped error with the right status.
+  async errors() {
+    const srv = await startServer(['--max-body', '64KiB']);
+    try {
+      const u = `${srv.url}/v1/completions`;
+      const expectError = async (body, status, param, what) => {
+        const r = await post(u, body);
+        assert.equal(r.status, status, `${what}: ${r.text}`);
+        assert.ok(r.json?.error?.message, `${what}: error.message in ${r.text}`);
+        for (const k of ['type', 'param', 'code']) assert.ok(k in r.json.error, `${what}: error.${k}`);
+        if (param !== undefined) assert.equal(r.json.error.param, param, `${what}: ${r.text}`);
+      };
+      await expectError('{"prompt": ', 400, null, 'bad JSON');
+      await expectError({ prompt: PROMPT, max_tokens: 'ten' }, 400, 'max_tokens', 'wrong type');
+      await expectError({ prompt: PROMPT, temperature: [1] }, 400, 'temperature', 'wrong type');
+      await expectError({ prompt: PROMPT, kv_cache: { quantize: 'int4', bogus: 1 } }, 400, 'kv_cache.bogus',
+                        'unknown kv_cache field');
+      await expectError({ prompt: [1, 99999] }, 400, 'prompt[1]', 'token id out of range');
+      await expectError({ prompt: 'x'.repeat(100000) }, 413, null, 'oversized body');
+      await expectError({ prompt: Array(600).fill(7) }, 400, 'prompt', 'prompt longer than the context');
+      const r404 = await fetch(`${srv.url}/v2/nothing`);
+      assert.equal(r404.status, 404);
+      assert.ok((await r404.json()).error.message.includes('/v2/nothing'));
+      // A long prompt is fine with a bounded cache.
+      const ok = await post(u, { prompt: Array(600).fill(7), max_tokens: 2, kv_cache: { sink: 4, window: 60 } });
+      assert.equal(ok.status, 200, ok.text);
+      // tokenize / detokenize round trip.
+      const t = await post(`${srv.url}/tokenize`, { content: PROMPT });
+      assert.equal(t.json.tokens[0], 1);
+      const d = await post(`${srv.url}/detokenize`, { tokens: t.json.tokens });
+      assert.equal(d.json.content, PROMPT);
+      for (const body of [{ tokens: 'x' }, { tokens: [1, -3] }, {}]) {
+        const bd = await post(`${srv.url}/detokenize`, body);
+        assert.equal(bd.status, 400, JSON.stringify(body));
+        assert.equal(bd.json.error.param, 'tokens');
+      }
+      const bt = await post(`${srv.url}/tokenize`, { content: 5 });
+      assert.equal(bt.status, 400);
+      assert.equal(bt.json.error.param, 'content');
+      const m = await metrics(srv.url);
+      assert.equal(m['ptllm_kv_bytes_budget'], 256 * 1024 * 1024);
+    } finally {
+      await stopServer(srv);
+    }
+  },
+
+  // 100 clients that go away mid-stream: every cache is freed.
+  async disconnect() {
+    const srv = await startServer(['--max-queue', '200']);
+    try {
+      const one = async (i) => {
+        const ac = new AbortController();
+        const res = await fetch(`${srv.url}/v1/completions`, {
+          method: 'POST', signal: ac.signal, headers: { 'Content-Type': 'application/json' },
+          body: JSON.stringify({ prompt: PROMPT, max_tokens: 400, ignore_eos: true, stream: true, seed: i }) });
+        assert.equal(res.status, 200);
+        const reader = res.body.getReader();
+        let got = '';
+        while (!got.includes('"text"')) got += new TextDecoder().decode((await reader.read()).value);
+        ac.abort();
+      };
+      await Promise.all(Array.from({ length: 100 }, (_, i) => one(i).catch((e) => {
+        if (e.name !== 'AbortError') throw e;
+      })));
+      let m;
+      for (let t = 0; t < 200; t++) {
+        m = await metrics(srv.url);
+        if (m['ptllm_requests_running'] === 0 && m['ptllm_requests_queued'] === 0) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.equal(m['ptllm_requests_running'], 0);
+      assert.equal(m['ptllm_kv_bytes_in_use'], 0);
+      assert.equal(m['ptllm_kv_bytes_reserved'], 0);
+      assert.equal(m['ptllm_requests_finished_total{reason="cancelled"}'], 100);
+      // And the server still serves.
+      const r = await post(`${srv.url}/v1/completions`, { prompt: PROMPT, max_tokens: 3 });
+      assert.equal(r.status, 200);
+    } finally {
+      await stopServer(srv);
+    }
+  },
+
+  // SIGTERM: new requests get 503, the running stream finishes, exit 0.
+  async sigterm() {
+    const srv = await startServer();
+    const res = await fetch(`${srv.url}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: PROMPT, max_tokens: 300, ignore_eos: true, stream: true, temperature: 0 }) });
+    const reader = res.body.getReader();
+    let body = new TextDecoder().decode((await reader.read()).value);
+    srv.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 100));
+    const late = await post(`${srv.url}/v1/completions`, { prompt: PROMPT, max_tokens: 3 });
+    assert.equal(late.status, 503, late.text);
+    assert.equal(late.json.error.code, 'draining');
+    assert.equal((await fetch(`${srv.url}/health`)).status, 503);
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      body += new TextDecoder().decode(value);
+    }
+    const events = sseEvents(body);
+    assert.equal(events.at(-1).choices[0].finish_reason, 'length');
+    assert.equal(events.at(-1).usage.completion_tokens, 300);
+    const { code } = await srv.exited;
+    assert.equal(code, 0, srv.log());
+  },
+
+  // Batch invariance end to end: 16 concurrent requests, each as it is alone.
+  async batch() {
+    const srv = await startServer();
+    try {
+      const req = (i) => ({ prompt: `${PROMPT} ${['Tom', 'a cat', 'Sue', 'the sun'][i % 4]}`, max_tokens: 40,
+                            ignore_eos: true, temperature: i % 2 ? 0.9 : 0, top_k: 40, seed: 100 + i });
+      const alone = [];
+      for (let i = 0; i < 16; i++) alone.push((await post(`${srv.url}/v1/completions`, req(i))).json.choices[0].text);
+      const together = await Promise.all(Array.from({ length: 16 }, (_, i) =>
+        post(`${srv.url}/v1/completions`, req(i)).then((r) => r.json.choices[0].text)));
+      assert.deepEqual(together, alone);
+      const m = await metrics(srv.url);
+      assert.ok(m['ptllm_batch_size_sum'] / m['ptllm_batch_size_count'] > 1.5, 'steps were batched');
+    } finally {
+      await stopServer(srv);
+    }
+  },
+
+  // flagship-27m: transformers' greedy continuations of five prompts (token-id
+  // prompts, all five at once, streamed and not), through the openai client.
+  async flagship() {
+    const require = createRequire(`${NODE_MODULES}/`);
+    const OpenAI = require('openai');
+    const ref = JSON.parse(readFileSync(`${REPO}/models/flagship-27m/reference.json`, 'utf8')).prompts;
+    const srv = await startServer([], `${REPO}/models/flagship-27m.tinygpt`);
+    try {
+      const client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const run = async (p, i) => {
+        const args = { model: 'flagship', prompt: p.prompt_ids, max_tokens: 64, temperature: 0, ignore_eos: true };
+        if (i % 2 === 0) return (await client.completions.create(args)).choices[0].text;
+        let text = '';
+        for await (const ch of await client.completions.create({ ...args, stream: true })) text += ch.choices[0]?.text ?? '';
+        return text;
+      };
+      const texts = await Promise.all(ref.map(run));
+      // Every top-1/top-2 margin in the reference is > 3e-3, far above bf16-weight fp32 arithmetic noise.
+      texts.forEach((t, i) => assert.equal(t, ref[i].greedy_text, `prompt ${JSON.stringify(ref[i].prompt)}`));
+    } finally {
+      await stopServer(srv);
+    }
+  },
+
+  // 1,000 simultaneous connections: every one answered (200 or a quick 429), no crash.
+  async connections() {
+    const srv = await startServer(['--max-queue', '32']);
+    try {
+      const t0 = Date.now();
+      const statuses = await Promise.all(Array.from({ length: 1000 }, () =>
+        post(`${srv.url}/v1/completions`, { prompt: PROMPT, max_tokens: 8 }).then((r) => r.status)));
+      const n200 = statuses.filter((s) => s === 200).length, n429 = statuses.filter((s) => s === 429).length;
+      assert.equal(n200 + n429, 1000, `statuses: ${[...new Set(statuses)]}`);
+      assert.ok(n200 >= 48 && n429 > 0, `200: ${n200}, 429: ${n429}`);
+      const m = await metrics(srv.url);
+      assert.equal(m['ptllm_requests_rejected_total{reason="queue_full"}'], n429);
+      console.log(`1000 connections: ${n200} served, ${n429} refused with 429, in ${Date.now() - t0} ms`);
+    } finally {
+      await stopServer(srv);
+    }
+  },
+};
+
+const name = process.argv[2];
+if (!groups[name]) {
+  console.error(`usage: node e2e.mjs ${Object.keys(groups).join('|')}`);
+  process.exit(2);
+}
+try {
+  await groups[name]();
+  console.log(`serve e2e ${name}: passed`);
+} catch (e) {
+  console.error(`serve e2e ${name}: FAILED\n`, e);
+  process.exit(1);
+}

@@ -1,0 +1,368 @@
+// The scheduler against a fake backend (FIFO, admission by bytes, 429 at the
+// queue bound, cancellation frees bytes, draining, chunked prefill, stop
+// conditions), and batch invariance with the real engine on stories260K.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "engine/session.h"
+#include "serve/engine_backend.h"
+#include "serve/scheduler.h"
+#include "test_util.h"
+
+namespace ptllm::serve {
+namespace {
+
+constexpr int32_t kEos = 999;
+
+// Reservation = 10 bytes per window token (1000 when unbounded). Token i of a
+// sequence is prompt[0] + i, or kEos once i reaches prompt[1] when the prompt
+// has two ids. kv_bytes grows 1 per token fed or generated.
+class FakeBackend : public Backend {
+ public:
+  struct Seq : Sequence {
+    std::vector<int32_t> prompt;
+    int64_t fed = 0, generated = 0;
+    size_t kv_bytes() const override { return size_t(fed + generated); }
+    bool prefilled() const override { return fed == int64_t(prompt.size()); }
+    int64_t prompt_remaining() const override { return int64_t(prompt.size()) - fed; }
+  };
+  size_t reservation_bytes(const CacheOptions& o) override { return o.window > 0 ? size_t(o.window) * 10 : 1000; }
+  int64_t context_length() const override { return 512; }
+  bool is_eos(int32_t id) const override { return id == kEos; }
+  std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheOptions&, const SamplerConfig&) override {
+    auto s = std::make_unique<Seq>();
+    s->prompt = std::move(prompt);
+    ++live;
+    started.push_back(s->prompt[0]);
+    return s;
+  }
+  void prefill(Sequence& base, int64_t max_tokens) override {
+    auto& s = static_cast<Seq&>(base);
+    const int64_t n = std::min(max_tokens, s.prompt_remaining());
+    prefill_calls.push_back(n);
+    s.fed += n;
+  }
+  void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) override {
+    batch_sizes.push_back(int64_t(seqs.size()));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      auto& s = static_cast<Seq&>(*seqs[i]);
+      out[i] = s.prompt.size() == 2 && s.generated >= s.prompt[1] ? kEos : s.prompt[0] + int32_t(s.generated);
+      ++s.generated;
+    }
+  }
+  bool full(const Sequence&) const override { return false; }
+  int live = 0;  // not counting destruction: see Tracked
+  std::vector<int32_t> started;
+  std::vector<int64_t> prefill_calls, batch_sizes;
+};
+
+struct Record {
+  std::vector<int32_t> tokens;
+  int finishes = 0;
+  FinishReason reason = FinishReason::Error;
+};
+
+std::shared_ptr<Job> make_job(std::vector<int32_t> prompt, Record& rec, int64_t max_tokens = 4, int64_t window = 0) {
+  auto j = std::make_shared<Job>();
+  j->prompt = std::move(prompt);
+  j->max_tokens = max_tokens;
+  j->cache.window = window;
+  j->on_token = [&rec](int32_t id) {
+    rec.tokens.push_back(id);
+    return true;
+  };
+  j->on_finish = [&rec](FinishReason r, const std::string&) {
+    ++rec.finishes;
+    rec.reason = r;
+  };
+  return j;
+}
+
+SchedulerConfig config(size_t budget, int64_t max_seq = 16, int64_t max_queue = 16) {
+  SchedulerConfig c;
+  c.kv_budget = budget;
+  c.max_sequences = max_seq;
+  c.max_queue = max_queue;
+  c.prefill_chunk = 4;
+  c.prefill_tokens_per_step = 8;
+  return c;
+}
+
+void run_until_idle(Scheduler& s) {
+  for (int i = 0; i < 1000 && !s.idle(); ++i) s.step();
+  ASSERT_TRUE(s.idle());
+}
+
+TEST(ServeScheduler, FifoWhenOnlyOneFits) {
+  FakeBackend b;
+  Scheduler s(b, config(1000));  // each unbounded request reserves 1000
+  Record r1, r2, r3;
+  ASSERT_EQ(s.submit(make_job({10}, r1)), Admit::Queued);
+  ASSERT_EQ(s.submit(make_job({20}, r2)), Admit::Queued);
+  ASSERT_EQ(s.submit(make_job({30}, r3)), Admit::Queued);
+  s.step();
+  EXPECT_EQ(s.running(), 1);
+  EXPECT_EQ(s.queued(), 2);
+  EXPECT_EQ(s.reserved_bytes(), 1000u);
+  run_until_idle(s);
+  EXPECT_EQ(b.started, (std::vector<int32_t>{10, 20, 30}));
+  EXPECT_EQ(r1.tokens, (std::vector<int32_t>{10, 11, 12, 13}));
+  EXPECT_EQ(r3.tokens, (std::vector<int32_t>{30, 31, 32, 33}));
+  for (const Record* r : {&r1, &r2, &r3}) {
+    EXPECT_EQ(r->finishes, 1);
+    EXPECT_EQ(r->reason, FinishReason::Length);
+  }
+  // Never two at once: every decode step had one sequence.
+  for (int64_t n : b.batch_sizes) EXPECT_EQ(n, 1);
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+}
+
+TEST(ServeScheduler, AdmitsByBytesAndHeadOfLineWaits) {
+  FakeBackend b;
+  Scheduler s(b, config(250));
+  Record a, c, d, e;
+  s.submit(make_job({1}, a, 6, /*window*/ 10));    // 100 bytes
+  s.submit(make_job({2}, c, 6, 10));               // 100
+  s.submit(make_job({3}, d, 6, 10));               // 100: does not fit beside the two
+  s.submit(make_job({4}, e, 6, 1));                // 10: would fit, but FIFO keeps it behind
+  s.step();
+  EXPECT_EQ(s.running(), 2);
+  EXPECT_EQ(s.reserved_bytes(), 200u);
+  EXPECT_EQ(s.queued(), 2);
+  run_until_idle(s);
+  EXPECT_EQ(b.started, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(b.batch_sizes.front(), 2);
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+}
+
+TEST(ServeScheduler, MaxSequencesBoundsTheBatch) {
+  FakeBackend b;
+  Scheduler s(b, config(size_t(1) << 30, /*max_seq*/ 3));
+  std::vector<Record> recs(7);
+  for (size_t i = 0; i < recs.size(); ++i) s.submit(make_job({int32_t(100 * i)}, recs[i]));
+  run_until_idle(s);
+  for (int64_t n : b.batch_sizes) EXPECT_LE(n, 3);
+  EXPECT_EQ(*std::max_element(b.batch_sizes.begin(), b.batch_sizes.end()), 3);
+  for (const auto& r : recs) EXPECT_EQ(r.tokens.size(), 4u);
+}
+
+TEST(ServeScheduler, QueueBoundAndTooLarge) {
+  FakeBackend b;
+  Scheduler s(b, config(1000, /*max_seq*/ 1, /*max_queue*/ 1));  // one free slot + one waiting
+  Record r1, r2, r3, big;
+  EXPECT_EQ(s.submit(make_job({1}, r1)), Admit::Queued);
+  EXPECT_EQ(s.submit(make_job({2}, r2)), Admit::Queued);
+  EXPECT_EQ(s.submit(make_job({3}, r3)), Admit::QueueFull);
+  s.step();  // 1 admitted: the slot is taken, one may wait
+  Record r5;
+  EXPECT_EQ(s.queued(), 1);
+  EXPECT_EQ(s.submit(make_job({5}, r5)), Admit::QueueFull);
+  std::string why;
+  EXPECT_EQ(s.submit(make_job({4}, big, 4, /*window*/ 101), &why), Admit::TooLarge);  // 1010 > 1000
+  EXPECT_NE(why.find("1010"), std::string::npos) << why;
+  run_until_idle(s);
+  EXPECT_EQ(r3.finishes, 0);  // refused jobs are never finished by the scheduler
+  EXPECT_EQ(big.finishes, 0);
+  EXPECT_EQ(r1.finishes, 1);
+  EXPECT_EQ(r2.finishes, 1);
+  EXPECT_EQ(r5.finishes, 0);
+}
+
+TEST(ServeScheduler, CancellationFreesBytesAtTheNextStep) {
+  FakeBackend b;
+  Metrics m;
+  Scheduler s(b, config(1000), &m);
+  Record run, wait;
+  auto j1 = make_job({5}, run, 1000);
+  auto j2 = make_job({6}, wait, 1000);
+  s.submit(j1);
+  s.submit(j2);
+  for (int i = 0; i < 3; ++i) s.step();
+  EXPECT_EQ(s.reserved_bytes(), 1000u);
+  EXPECT_GT(m.gauges().kv_in_use, 0u);
+  j2->cancelled = true;  // cancelled while queued
+  j1->cancelled = true;  // and while running
+  s.step();
+  EXPECT_EQ(run.finishes, 1);
+  EXPECT_EQ(run.reason, FinishReason::Cancelled);
+  EXPECT_EQ(wait.finishes, 1);
+  EXPECT_EQ(wait.reason, FinishReason::Cancelled);
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+  EXPECT_EQ(m.gauges().kv_in_use, 0u);
+  EXPECT_EQ(m.gauges().kv_reserved, 0u);
+  EXPECT_NE(m.render().find("ptllm_requests_finished_total{reason=\"cancelled\"} 2"), std::string::npos);
+}
+
+TEST(ServeScheduler, DrainingRefusesNewButFinishesRunning) {
+  FakeBackend b;
+  Scheduler s(b, config(1000));
+  Record r1, r2, late;
+  s.submit(make_job({1}, r1));
+  s.submit(make_job({2}, r2));
+  s.step();
+  s.drain();
+  EXPECT_EQ(s.submit(make_job({3}, late)), Admit::Draining);
+  run_until_idle(s);
+  EXPECT_EQ(r1.tokens.size(), 4u);
+  EXPECT_EQ(r2.tokens.size(), 4u);  // queued before draining: still served
+  EXPECT_EQ(late.finishes, 0);
+}
+
+TEST(ServeScheduler, StopConditions) {
+  FakeBackend b;
+  Scheduler s(b, config(1 << 20));
+  Record eos, ign, stop;
+  s.submit(make_job({7, 2}, eos, 10));  // EOS as the 3rd token
+  auto j = make_job({7, 2}, ign, 5);
+  j->ignore_eos = true;
+  s.submit(j);
+  auto k = make_job({40}, stop, 10);
+  k->on_token = [&stop](int32_t id) {
+    stop.tokens.push_back(id);
+    return id < 42;  // a stop string matched at 42
+  };
+  s.submit(k);
+  run_until_idle(s);
+  EXPECT_EQ(eos.tokens, (std::vector<int32_t>{7, 8}));  // EOS not handed on
+  EXPECT_EQ(eos.reason, FinishReason::Stop);
+  EXPECT_EQ(ign.tokens, (std::vector<int32_t>{7, 8, kEos, kEos, kEos}));
+  EXPECT_EQ(ign.reason, FinishReason::Length);
+  EXPECT_EQ(stop.tokens, (std::vector<int32_t>{40, 41, 42}));
+  EXPECT_EQ(stop.reason, FinishReason::Stop);
+}
+
+TEST(ServeScheduler, ChunkedPrefillKeepsRunningStreamsDecoding) {
+  FakeBackend b;
+  Scheduler s(b, config(1 << 20));
+  Record shortr, longr;
+  s.submit(make_job({1}, shortr, 50));
+  s.step();  // short one prefilled and decoding
+  std::vector<int32_t> long_prompt(10, 3);
+  s.submit(make_job(long_prompt, longr, 2));
+  b.prefill_calls.clear();
+  const size_t before = shortr.tokens.size();
+  s.step();  // chunk 4 of 10
+  s.step();  // 8 of 10
+  EXPECT_EQ(shortr.tokens.size(), before + 2);  // one token per step meanwhile
+  EXPECT_TRUE(longr.tokens.empty());
+  s.step();  // 10 of 10, then its first token in the same step
+  EXPECT_EQ(b.prefill_calls, (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_EQ(longr.tokens.size(), 1u);
+  run_until_idle(s);
+}
+
+TEST(ServeScheduler, BackgroundThreadAndDestructorFinishesPending) {
+  FakeBackend b;
+  Record r1, r2;
+  {
+    Scheduler s(b, config(1000));
+    s.start();
+    s.submit(make_job({1}, r1, 3));
+    for (int i = 0; i < 200 && r1.finishes == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(r1.finishes, 1);
+    auto j = make_job({2}, r2, int64_t(1) << 40);
+    s.submit(j);
+  }
+  EXPECT_EQ(r2.finishes, 1);  // whatever state it was in, it got exactly one finish
+}
+
+// --- the real engine ---
+
+const LoadedModel& stories() {
+  static LoadedModel lm = load_model(test::repo_dir() + "/models/stories260K");
+  return lm;
+}
+
+std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const SamplerConfig& sc,
+                                       const CacheOptions& co, int others) {
+  auto backend = make_engine_backend(stories());
+  Scheduler s(*backend, config(size_t(1) << 30, 16));
+  Record rec;
+  std::vector<Record> other;
+  other.resize(size_t(others));
+  std::vector<std::shared_ptr<Job>> jobs;
+  // Others first, with different prompts, lengths and seeds, so the request
+  // under test shares every decode step with them.
+  for (int i = 0; i < others; ++i) {
+    std::vector<int32_t> p = {1, int32_t(300 + i), int32_t(20 + 3 * i)};
+    for (int k = 0; k < i; ++k) p.push_back(int32_t(100 + k));
+    auto j = make_job(p, other[size_t(i)], 40 + i);
+    j->sampler = SamplerConfig{0.9, 20, 0.95, uint64_t(1000 + i)};
+    j->ignore_eos = true;
+    s.submit(j);
+  }
+  auto j = make_job(prompt, rec, 48);
+  j->sampler = sc;
+  j->cache = co;
+  j->ignore_eos = true;
+  s.submit(j);
+  for (int i = 0; i < 2000 && !s.idle(); ++i) s.step();
+  EXPECT_EQ(rec.finishes, 1);
+  return rec.tokens;
+}
+
+TEST(ServeScheduler, BatchInvarianceWithTheEngine) {
+  const std::vector<int32_t> prompt = stories().tokenizer->encode("Once upon a time", true);
+  CacheOptions bounded;
+  bounded.storage = KVStorage::Int4;
+  bounded.sink = 4;
+  bounded.window = 28;
+  for (const SamplerConfig& sc : {SamplerConfig{0.0, 0, 1.0, 0}, SamplerConfig{1.0, 40, 0.9, 7}})
+    for (const CacheOptions& co : {CacheOptions{}, bounded}) {
+      const auto alone = run_alone_or_with(prompt, sc, co, 0);
+      const auto crowd = run_alone_or_with(prompt, sc, co, 15);
+      EXPECT_EQ(alone.size(), 48u);
+      EXPECT_EQ(alone, crowd) << "temperature " << sc.temperature << ", " << describe(co);
+    }
+}
+
+TEST(ServeScheduler, GreedyMatchesSession) {
+  // The scheduler's token loop against Session::generate (the CLI's path).
+  const LoadedModel& lm = stories();
+  const std::vector<int32_t> prompt = lm.tokenizer->encode("Once upon a time", true);
+  Session session(lm, make_default_cache(*lm.model, 512));
+  std::vector<int32_t> ref;
+  GenerateOptions go;
+  go.max_new_tokens = 48;
+  go.ignore_eos = true;
+  session.generate(prompt, go, [&](int32_t id) {
+    ref.push_back(id);
+    return true;
+  });
+  EXPECT_EQ(run_alone_or_with(prompt, SamplerConfig{}, CacheOptions{}, 3), ref);
+}
+
+TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
+  const Model& m = *stories().model;
+  // stories260K: 5 layers, 4 KV heads x head_dim 8, context 512. K and V.
+  const size_t per_token_f32 = 2 * 5 * 4 * 8 * sizeof(float);
+  EXPECT_EQ(full_cache_bytes(m, CacheOptions{}), per_token_f32 * 512);
+  CacheOptions b;
+  b.storage = KVStorage::F16;
+  b.sink = 4;
+  b.window = 252;
+  EXPECT_EQ(full_cache_bytes(m, b), per_token_f32 / 2 * 256);
+  // A quantised bounded cache: less than its fp16 twin, and at least what a
+  // cache run far past its window holds at any point. (With a window not much
+  // larger than the residual, a KIVI cache can be all full-precision rows.)
+  CacheOptions q = b;
+  q.storage = KVStorage::Int4;
+  q.kivi_residual = 32;
+  const size_t reserve = full_cache_bytes(m, q);
+  EXPECT_LT(reserve, full_cache_bytes(m, b));
+  auto backend = make_engine_backend(stories());
+  EXPECT_EQ(backend->reservation_bytes(q), reserve);
+  auto seq = backend->start(std::vector<int32_t>(700, 5), q, SamplerConfig{});
+  size_t most = 0;
+  while (!seq->prefilled()) {
+    backend->prefill(*seq, 7);
+    most = std::max(most, seq->kv_bytes());
+  }
+  EXPECT_LE(most, reserve);
+  EXPECT_GT(most, reserve / 2);
+}
+
+}  // namespace
+}  // namespace ptllm::serve

@@ -1,0 +1,179 @@
+// Request parsing and validation: every bad field is a 400 that names itself
+// (in the message and in "param"); StopText's hold-back of stop-string prefixes.
+#include <gtest/gtest.h>
+
+#include "serve/openai_schema.h"
+#include "serve/stop_text.h"
+
+namespace ptllm::serve {
+namespace {
+
+using nlohmann::json;
+
+ApiError completion_error(const std::string& body) {
+  try {
+    parse_completion(parse_body(body), CacheOptions{}, 512);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return ApiError(0, "");
+}
+
+TEST(ServeSchema, BadJsonIs400) {
+  for (const char* body : {"{bad", "", "[1,2]", "\"text\"", "{\"prompt\": \"a\""}) {
+    ApiError e = completion_error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_NE(std::string(e.what()).find("JSON"), std::string::npos) << body << ": " << e.what();
+  }
+}
+
+TEST(ServeSchema, EveryBadFieldNamesItself) {
+  // body -> the param it must name.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": [1, 2, 512]})", "prompt[2]"},
+      {R"({"prompt": [1, -1]})", "prompt[1]"},
+      {R"({"prompt": "a", "max_tokens": "10"})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens"},
+      {R"({"prompt": "a", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "a", "temperature": 3})", "temperature"},
+      {R"({"prompt": "a", "top_p": 0})", "top_p"},
+      {R"({"prompt": "a", "top_p": 1.5})", "top_p"},
+      {R"({"prompt": "a", "top_k": -1})", "top_k"},
+      {R"({"prompt": "a", "seed": "x"})", "seed"},
+      {R"({"prompt": "a", "n": 2})", "n"},
+      {R"({"prompt": "a", "stream": "yes"})", "stream"},
+      {R"({"prompt": "a", "ignore_eos": 1})", "ignore_eos"},
+      {R"({"prompt": "a", "stop": 3})", "stop"},
+      {R"({"prompt": "a", "stop": ["x", 2]})", "stop[1]"},
+      {R"({"prompt": "a", "stop": [""]})", "stop[0]"},
+      {R"({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]})", "stop"},
+      {R"({"prompt": "a", "model": 7})", "model"},
+      {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
+      {R"({"prompt": "a", "kv_cache": "int4"})", "kv_cache"},
+      {R"({"prompt": "a", "kv_cache": {"foo": 1}})", "kv_cache.foo"},
+      {R"({"prompt": "a", "kv_cache": {"quantize": "int3"}})", "kv_cache.quantize"},
+      {R"({"prompt": "a", "kv_cache": {"quantize_k": 4}})", "kv_cache.quantize_k"},
+      {R"({"prompt": "a", "kv_cache": {"quantize_v": "q4"}})", "kv_cache.quantize_v"},
+      {R"({"prompt": "a", "kv_cache": {"sink": -1, "window": 8}})", "kv_cache.sink"},
+      {R"({"prompt": "a", "kv_cache": {"window": "8"}})", "kv_cache.window"},
+      {R"({"prompt": "a", "kv_cache": {"rope": "alibi"}})", "kv_cache.rope"},
+      {R"({"prompt": "a", "kv_cache": {"kivi_group": 1.5}})", "kv_cache.kivi_group"},
+      {R"({"prompt": "a", "kv_cache": {"kivi_residual": -4}})", "kv_cache.kivi_residual"},
+      // Cross-field: sinks without a window, a residual not a multiple of the group.
+      {R"({"prompt": "a", "kv_cache": {"sink": 4}})", "kv_cache"},
+      {R"({"prompt": "a", "kv_cache": {"quantize": "int4", "kivi_group": 32, "kivi_residual": 40}})", "kv_cache"},
+  };
+  for (const auto& [body, param] : cases) {
+    ApiError e = completion_error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, param) << body << ": " << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(param + ":", 0), 0u) << body << ": " << e.what();
+    const json j = error_json(e);
+    EXPECT_EQ(j["error"]["param"], param);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"].contains("code"));
+  }
+}
+
+TEST(ServeSchema, GoodCompletionRequest) {
+  CacheOptions defaults;
+  defaults.storage = KVStorage::BF16;
+  const auto r = parse_completion(parse_body(R"({"model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0,
+      "top_p": 0.9, "top_k": 5, "seed": 42, "stop": ["\n", "The"], "stream": true, "ignore_eos": true,
+      "n": 1, "user": "u", "logprobs": null, "kv_cache": {"quantize": "int4", "sink": 4, "window": 252}})"),
+                                  defaults, 512);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(std::get<std::string>(r.prompt), "hi");
+  EXPECT_EQ(r.gen.max_tokens, 7);
+  EXPECT_EQ(r.gen.sampler.temperature, 0.0);
+  EXPECT_EQ(r.gen.sampler.top_p, 0.9);
+  EXPECT_EQ(r.gen.sampler.top_k, 5);
+  EXPECT_TRUE(r.gen.seeded);
+  EXPECT_EQ(r.gen.sampler.seed, 42u);
+  EXPECT_EQ(r.gen.stop, (std::vector<std::string>{"\n", "The"}));
+  EXPECT_TRUE(r.gen.stream);
+  EXPECT_TRUE(r.gen.ignore_eos);
+  EXPECT_EQ(r.gen.cache.storage, KVStorage::Int4);
+  EXPECT_EQ(r.gen.cache.sink, 4);
+  EXPECT_EQ(r.gen.cache.window, 252);
+  // Without kv_cache the server's defaults apply.
+  const auto d = parse_completion(parse_body(R"({"prompt": [1, 2, 511]})"), defaults, 512);
+  EXPECT_EQ(std::get<std::vector<int32_t>>(d.prompt), (std::vector<int32_t>{1, 2, 511}));
+  EXPECT_EQ(d.gen.cache.storage, KVStorage::BF16);
+  EXPECT_EQ(d.gen.max_tokens, 16);
+  EXPECT_EQ(d.gen.sampler.temperature, 1.0);
+  EXPECT_FALSE(d.gen.seeded);
+}
+
+TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
+  CacheOptions defaults;
+  defaults.storage = KVStorage::Int8;
+  defaults.sink = 4;
+  defaults.window = 60;
+  const CacheOptions o = parse_kv_cache(json{{"quantize_v", "int2"}}, defaults);
+  EXPECT_EQ(o.k_storage(), KVStorage::Int8);
+  EXPECT_EQ(o.v_storage(), KVStorage::Int2);
+  EXPECT_EQ(o.sink, 4);
+  EXPECT_EQ(o.window, 60);
+  const CacheOptions u = parse_kv_cache(json{{"sink", 0}, {"window", 0}}, defaults);
+  EXPECT_FALSE(u.streaming());
+}
+
+TEST(ServeSchema, ChatRequest) {
+  const auto r = parse_chat(parse_body(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
+                                          "max_tokens": 3})"),
+                            CacheOptions{});
+  EXPECT_EQ(r.gen.max_tokens, 9);  // the newer name wins
+  EXPECT_EQ(r.messages.size(), 1u);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({})", "messages"},
+      {R"({"messages": []})", "messages"},
+      {R"({"messages": "hi"})", "messages"},
+      {R"({"messages": [1]})", "messages[0]"},
+      {R"({"messages": [{"content": "x"}]})", "messages[0].role"},
+      {R"({"messages": [{"role": "user", "content": "x"}, {"role": 3, "content": "x"}]})", "messages[1].role"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -2})", "max_completion_tokens"},
+  };
+  for (const auto& [body, param] : cases) {
+    try {
+      parse_chat(parse_body(body), CacheOptions{});
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, param) << body << ": " << e.what();
+    }
+  }
+}
+
+TEST(ServeStopText, HoldsBackPrefixesAndCutsAtTheStop) {
+  StopText s({"END", "\n\n"});
+  EXPECT_EQ(s.push("Hello E"), "Hello ");  // "E" may start "END"
+  EXPECT_EQ(s.push("x"), "Ex");            // it did not
+  EXPECT_EQ(s.push(" and E"), " and ");
+  EXPECT_EQ(s.push("N"), "");
+  EXPECT_EQ(s.push("D tail"), "");  // stop: the text before it was already out, the rest dropped
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.text(), "Hello Ex and ");
+  EXPECT_EQ(s.push("more"), "");
+}
+
+TEST(ServeStopText, MatchInsideOnePieceAndFlush) {
+  StopText a({"\n\n"});
+  EXPECT_EQ(a.push("one\n\ntwo"), "one");
+  EXPECT_TRUE(a.stopped());
+  StopText b({"STOP"});
+  EXPECT_EQ(b.push("abc ST"), "abc ");
+  EXPECT_EQ(b.flush(), "ST");  // generation ended otherwise: nothing is lost
+  EXPECT_FALSE(b.stopped());
+  StopText none({});
+  EXPECT_EQ(none.push("x"), "x");
+}
+
+}  // namespace
+}  // namespace ptllm::serve
