@@ -14,6 +14,7 @@
 #include "app/common.h"
 #include "core/error.h"
 #include "engine/session.h"
+#include "serve/chat_renderer.h"
 #include "serve/engine_backend.h"
 #include "serve/http_server.h"
 #include "serve/scheduler.h"
@@ -45,13 +46,6 @@ size_t parse_bytes(const std::string& s, const char* flag) {
 // The chat template for `model_path` (or --chat-template FILE). The one place the
 // jinja engine's ChatTemplate is wired in; until then no model has one, and chat
 // requests get the 400 "model has no chat template".
-serve::ChatRenderer make_chat_renderer(const std::string& model_path, const std::string& template_file) {
-  if (!template_file.empty() && !std::filesystem::is_regular_file(template_file))
-    fail("--chat-template {}: no such file", template_file);
-  (void)model_path;
-  return nullptr;
-}
-
 // 1,000 simultaneous connections need as many descriptors; the soft limit is often 1,024.
 void raise_fd_limit() {
   rlimit r{};
@@ -98,7 +92,7 @@ void serve_main(ServeOpts& o) {
   if (!lm.tokenizer) fail("{}: no tokenizer.json beside the model (the server decodes text)", path);
   o.server.model_name = std::filesystem::path(path).filename().string();
   if (o.server.model_name.empty()) o.server.model_name = std::filesystem::path(path).parent_path().filename().string();
-  auto chat = make_chat_renderer(path, o.chat_template);
+  auto chat = serve::make_chat_renderer(path, o.chat_template, lm);
   auto backend = serve::make_engine_backend(lm);
   const size_t default_need = backend->reservation_bytes(o.cache);
   if (default_need > sc.kv_budget)

@@ -12,6 +12,7 @@ const CLI = process.env.PTLLM_CLI;
 const REPO = process.env.PTLLM_REPO_DIR;
 const NODE_MODULES = process.env.PTLLM_NODE_MODULES || `${REPO}/tools/anchors/node_modules`;
 const STORIES = `${REPO}/models/stories260K`;
+const SHARED = process.env.PTLLM_SHARED_DIR || `${REPO}/../shared`;
 const PROMPT = 'Once upon a time';
 
 // Starts the server; resolves once it prints its port. extra: more CLI flags.
@@ -76,6 +77,49 @@ function llama2cReference() {
 }
 
 const groups = {
+
+  // Chat with --chat-template (the bundled models ship none): the prompt is the
+  // template rendered by @huggingface/jinja (the independent reference), so
+  // usage.prompt_tokens must equal /tokenize of that text, and the greedy reply
+  // must equal a plain completion of that text.
+  async chat() {
+    const require = createRequire(`${NODE_MODULES}/`);
+    const { Template } = await import(require.resolve('@huggingface/jinja'));
+    const OpenAI = require('openai').default ?? require('openai');
+    const file = `${SHARED}/anchors/llama.cpp/templates/Qwen-Qwen2.5-7B-Instruct.jinja`;
+    const srv = await startServer(['--chat-template', file]);
+    try {
+      const client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'none', maxRetries: 0 });
+      const messages = [{ role: 'system', content: 'You tell stories.' },
+                        { role: 'user', content: 'Tell me about a cat.' }];
+      const ref = new Template(readFileSync(file, 'utf8')).render({ messages, add_generation_prompt: true,
+                                                                   bos_token: '<s>', eos_token: '</s>' });
+      const t = await post(`${srv.url}/tokenize`, { content: ref, add_special: false });
+      const c = await client.chat.completions.create({ model: 'x', messages, max_tokens: 24, temperature: 0,
+                                                       ignore_eos: true });
+      assert.equal(c.object, 'chat.completion');
+      assert.equal(c.choices[0].message.role, 'assistant');
+      assert.equal(c.usage.prompt_tokens, t.json.tokens.length, 'prompt = the reference rendering');
+      assert.equal(c.usage.completion_tokens, 24);
+      const plain = await post(`${srv.url}/v1/completions`, { prompt: t.json.tokens, max_tokens: 24, temperature: 0,
+                                                             ignore_eos: true });
+      assert.equal(plain.status, 200, plain.text);
+      assert.equal(c.choices[0].message.content, plain.json.choices[0].text);
+      // Streamed: the same reply piece by piece, usage in the last chunk.
+      const stream = await client.chat.completions.create({ model: 'x', messages, max_tokens: 24, temperature: 0,
+                                                            ignore_eos: true, stream: true,
+                                                            stream_options: { include_usage: true } });
+      let text = '', last = null;
+      for await (const ch of stream) { text += ch.choices[0]?.delta?.content ?? ''; last = ch; }
+      assert.equal(text, c.choices[0].message.content);
+      assert.equal(last.usage?.completion_tokens, 24);
+      // A conversation the template rejects is the client's error, not a 500.
+      const bad = await post(`${srv.url}/v1/chat/completions`, { messages: [] });
+      assert.ok(bad.status === 400 || bad.status === 200, `empty messages: ${bad.status} ${bad.text}`);
+    } finally {
+      await stopServer(srv);
+    }
+  },
   // The openai client: completions and chat, streamed and not, models.
   async openai() {
     const require = createRequire(`${NODE_MODULES}/`);
