@@ -85,8 +85,8 @@ void add_compare_command(CLI::App& root) {
     if (o->json && o->csv) fail("--json and --csv: choose one output format");
     if (o->tokens < 1) fail("--tokens {}: expected >= 1", o->tokens);
     if (o->sweep.kv_quantize.empty()) o->sweep.kv_quantize = "bf16,int8,int4";
-    const std::vector<CacheOptions> settings = eval::expand_sweep(o->sweep);
-    const std::vector<std::string> labels = eval::short_labels(settings);
+    const std::vector<CacheSpec> settings = eval::expand_sweep(o->sweep);
+    const std::vector<std::string> labels = spec_labels(settings);
     const std::vector<std::string> prompts = read_prompts(o->prompts);
     apply_threads(o->threads);
     LoadedModel lm = load_model(o->model);
@@ -102,7 +102,7 @@ void add_compare_command(CLI::App& root) {
         ids.push_back(lm.bos_id);
       }
       prompt_ids.push_back(ids);
-      reference.push_back(eval::greedy_continuation(lm, ids, o->tokens, CacheOptions{}));
+      reference.push_back(eval::greedy_continuation(lm, ids, o->tokens, CacheSpec{}));
       bar.add(o->tokens);
     }
     std::vector<std::vector<eval::Ids>> outputs(settings.size());
@@ -144,7 +144,7 @@ void add_compare_command(CLI::App& root) {
         j["prompts"].push_back({{"prompt", prompts[i]}, {"prompt_ids", prompt_ids[i]}, {"fp32_ids", reference[i]}});
       j["settings"] = nlohmann::json::array();
       for (size_t s = 0; s < settings.size(); ++s) {
-        nlohmann::json e = eval::setting_json(settings[s], labels[s]);
+        nlohmann::json e = {{"label", labels[s]}, {"kv_cache", settings[s].to_json()}};
         e["mean_match_fraction"] = mean[s];
         nlohmann::json per = nlohmann::json::array();
         for (size_t i = 0; i < prompts.size(); ++i)

@@ -105,8 +105,8 @@ void add_perplexity_command(CLI::App& root) {
     if (o->bin < 1) fail("--plot-bin {}: expected >= 1", o->bin);
     if (o->stream > 0 && (o->through_cache || o->cache_only))
       fail("--through-cache/--cache-only apply to window mode; stream mode always goes through the cache");
-    const std::vector<CacheOptions> settings = eval::expand_sweep(o->sweep);
-    const std::vector<std::string> labels = eval::short_labels(settings);
+    const std::vector<CacheSpec> settings = eval::expand_sweep(o->sweep);
+    const std::vector<std::string> labels = spec_labels(settings);
     apply_threads(o->threads);
 
     LoadedModel lm = load_model(o->model);
@@ -159,13 +159,13 @@ void add_perplexity_command(CLI::App& root) {
     const bool do_full = !stream_mode && !o->cache_only;
     const bool do_cache = stream_mode || o->through_cache || o->cache_only;
     struct Row {
-      CacheOptions opts;
+      CacheSpec opts;
       std::string label;
       eval::RunResult full, cache;
     };
     std::vector<Row> rows;
     for (size_t i = 0; i < settings.size(); ++i) {
-      const CacheOptions& s = settings[i];
+      const CacheSpec& s = settings[i];
       Row row{s, labels[i], {}, {}};
       const std::string& name = row.label;
       if (do_full) {
@@ -258,7 +258,7 @@ void add_perplexity_command(CLI::App& root) {
       }
       j["results"] = nlohmann::json::array();
       for (const auto& r : rows) {
-        nlohmann::json e = eval::setting_json(r.opts, r.label);
+        nlohmann::json e = {{"label", r.label}, {"kv_cache", r.opts.to_json()}};
         if (do_full) e["full_forward"] = run_json(r.full);
         if (do_cache) e["through_cache"] = run_json(r.cache);
         j["results"].push_back(e);

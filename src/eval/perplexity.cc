@@ -127,6 +127,15 @@ void note_cache(RunResult& r, const KVCache& c) {
   r.max_cache_bytes = std::max(r.max_cache_bytes, c.payload_bytes() + c.scale_bytes());
 }
 
+// The decode path: token t of `ids` through the cache, scoring token t + 1.
+void score_step(RunResult& r, Decoder& d, const Ids& ids, int64_t t, const ProgressFn& progress) {
+  const std::vector<float>& logits = d.step(ids[size_t(t)]);
+  note_cache(r, d.cache());
+  record(r, t + 1, token_nll(logits.data(), int64_t(logits.size()), ids[size_t(t + 1)]));
+  ++r.tokens_fed;
+  if (progress) progress(1);
+}
+
 void check_ids(const Ids& ids, int64_t vocab) {
   for (int32_t id : ids)
     if (id < 0 || id >= vocab) fail("token id {} is outside the vocabulary (0..{})", id, vocab - 1);
@@ -134,7 +143,7 @@ void check_ids(const Ids& ids, int64_t vocab) {
 
 }  // namespace
 
-RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheOptions& opts,
+RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheSpec& opts,
                         const ProgressFn& progress, int64_t bin_size) {
   if (windows.empty()) fail("no window to score (the input is shorter than one window)");
   if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
@@ -142,42 +151,29 @@ RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Pat
   RunResult r;
   r.bin_size = bin_size;
   const auto t0 = clock::now();
-  std::vector<float> logits;
   for (const Ids& w : windows) {
     const int64_t W = int64_t(w.size());
     if (W < 2) fail("window of {} tokens: expected >= 2", W);
     check_ids(w, V);
-    auto cache = make_cache(model.cache_shape(W), opts);
-    if (r.cache.empty()) r.cache = cache->describe();
+    Decoder d(model, make_cache(model.cache_shape(W), opts));
+    if (r.cache.empty()) r.cache = d.cache().describe();
     if (path == Path::Full) {
-      // Batched prefill; a bounded cache may take fewer tokens per step than
-      // the window holds, so feed it what it has room for (as Session does).
-      for (int64_t off = 0; off < W - 1;) {
-        const int64_t chunk = std::min<int64_t>(W - 1 - off, std::max<int64_t>(cache->room(), 1));
-        logits.resize(size_t(chunk * V));
-        model.forward(w.data() + off, chunk, *cache, logits.data(), /*all_logits=*/true);
-        note_cache(r, *cache);
-        for (int64_t i = 0; i < chunk; ++i) record(r, off + i + 1, token_nll(logits.data() + i * V, V, w[size_t(off + i + 1)]));
-        r.tokens_fed += chunk;
-        if (progress) progress(chunk);
-        off += chunk;
-      }
+      // Batched prefill with every token's logits (in chunks of the cache's room() if it is bounded).
+      d.prefill(std::span(w.data(), size_t(W - 1)), [&](int64_t first, int64_t n, const float* logits) {
+        note_cache(r, d.cache());
+        for (int64_t i = 0; i < n; ++i) record(r, first + i + 1, token_nll(logits + i * V, V, w[size_t(first + i + 1)]));
+        r.tokens_fed += n;
+        if (progress) progress(n);
+      });
     } else {
-      logits.resize(size_t(V));
-      for (int64_t t = 0; t + 1 < W; ++t) {
-        model.forward(&w[size_t(t)], 1, *cache, logits.data(), /*all_logits=*/false);
-        note_cache(r, *cache);
-        record(r, t + 1, token_nll(logits.data(), V, w[size_t(t + 1)]));
-        ++r.tokens_fed;
-        if (progress) progress(1);
-      }
+      for (int64_t t = 0; t + 1 < W; ++t) score_step(r, d, w, t, progress);
     }
   }
   r.seconds = since(t0);
   return r;
 }
 
-RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheOptions& opts,
+RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheSpec& opts,
                         const ProgressFn& progress, int64_t bin_size) {
   if (streams.empty()) fail("no stream to score");
   if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
@@ -185,28 +181,20 @@ RunResult score_streams(const Model& model, const std::vector<Ids>& streams, con
   RunResult r;
   r.bin_size = bin_size;
   const auto t0 = clock::now();
-  std::vector<float> logits(static_cast<size_t>(V));
   for (const Ids& s : streams) {
     const int64_t N = int64_t(s.size());
     if (N < 2) fail("stream of {} tokens: expected >= 2", N);
     check_ids(s, V);
     // An unbounded cache must hold the whole stream; a bounded one sizes itself.
-    auto cache = make_cache(model.cache_shape(N), opts);
-    if (r.cache.empty()) r.cache = cache->describe();
-    for (int64_t t = 0; t + 1 < N; ++t) {
-      if (cache->room() < 1) fail("the cache ({}) is full after {} tokens", cache->describe(), t);
-      model.forward(&s[size_t(t)], 1, *cache, logits.data(), /*all_logits=*/false);
-      note_cache(r, *cache);
-      record(r, t + 1, token_nll(logits.data(), V, s[size_t(t + 1)]));
-      ++r.tokens_fed;
-      if (progress) progress(1);
-    }
+    Decoder d(model, make_cache(model.cache_shape(N), opts));
+    if (r.cache.empty()) r.cache = d.cache().describe();
+    for (int64_t t = 0; t + 1 < N; ++t) score_step(r, d, s, t, progress);
   }
   r.seconds = since(t0);
   return r;
 }
 
-Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheOptions& opts) {
+Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheSpec& opts) {
   const Model& m = *lm.model;
   const int64_t need = int64_t(prompt.size()) + n;
   auto cache = make_cache(m.cache_shape(std::min<int64_t>(need, m.config().max_position)), opts);
