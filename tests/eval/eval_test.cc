@@ -424,21 +424,8 @@ TEST(Sweep, SettingJsonHasKiviFields) {
   EXPECT_TRUE(CacheSpec{}.to_json()["kivi_group"].is_null());
 }
 
-struct CliResult {
-  int status;
-  std::string out;
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using test::CliResult;
+CliResult run_cli(const std::string& args) { return test::run_cli(args + " 2>&1"); }
 
 void expect_cli_error(const std::string& args, const std::string& needle) {
   CliResult r = run_cli(args);

@@ -13,21 +13,8 @@
 namespace ptllm {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using Result = test::CliResult;
+Result run(const std::string& args) { return test::run_cli(args); }
 
 const std::string kStories = test::repo_dir() + "/models/stories260K";
 

@@ -13,21 +13,11 @@
 namespace ptllm {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;  // stdout + stderr
-};
+using Result = test::CliResult;
 
 // Runs the CLI; stderr is merged into the captured output unless stdout_only.
 Result run(const std::string& args, bool stdout_only = false) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+  return test::run_cli(args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
 }
 
 const std::string kStories = test::repo_dir() + "/models/stories260K";
