@@ -218,4 +218,28 @@ int64_t common_prefix(const Ids& a, const Ids& b) {
   return int64_t(i);
 }
 
+GreedyMatch compare_greedy(const LoadedModel& lm, const std::vector<Ids>& prompts,
+                           const std::vector<CacheSpec>& settings, int64_t n, const ProgressFn& progress) {
+  if (n < 1) fail("--tokens {}: expected >= 1", n);
+  GreedyMatch g;
+  for (const Ids& p : prompts) {
+    g.reference.push_back(greedy_continuation(lm, p, n, CacheSpec{}));
+    if (progress) progress(n);
+  }
+  g.outputs.resize(settings.size());
+  g.match.assign(prompts.size(), std::vector<int64_t>(settings.size()));
+  g.mean_fraction.assign(settings.size(), 0.0);
+  for (size_t s = 0; s < settings.size(); ++s) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      g.outputs[s].push_back(greedy_continuation(lm, prompts[i], n, settings[s]));
+      g.match[i][s] = common_prefix(g.outputs[s].back(), g.reference[i]);
+      const auto len = double(g.reference[i].size());
+      g.mean_fraction[s] += len > 0 ? double(g.match[i][s]) / len : 1.0;
+      if (progress) progress(n);
+    }
+    g.mean_fraction[s] /= double(std::max<size_t>(prompts.size(), 1));
+  }
+  return g;
+}
+
 }  // namespace ptllm::eval

@@ -115,4 +115,15 @@ Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, con
 // Leading ids that a and b share.
 int64_t common_prefix(const Ids& a, const Ids& b);
 
+// `compare`: n greedy tokens per prompt under each setting against the plain
+// fp32 cache. progress() is told n after each continuation.
+struct GreedyMatch {
+  std::vector<Ids> reference;                // [prompt] fp32-cache continuation
+  std::vector<std::vector<Ids>> outputs;     // [setting][prompt]
+  std::vector<std::vector<int64_t>> match;   // [prompt][setting] leading tokens equal to the reference
+  std::vector<double> mean_fraction;         // [setting] mean over prompts of match / reference length
+};
+GreedyMatch compare_greedy(const LoadedModel& lm, const std::vector<Ids>& prompts,
+                           const std::vector<CacheSpec>& settings, int64_t n, const ProgressFn& progress = {});
+
 }  // namespace ptllm::eval
