@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kv/cache_spec.h"
+
 namespace ptllm::test {
 
 inline std::string shared_dir() { return PTLLM_SHARED_DIR; }
@@ -18,6 +20,19 @@ inline nlohmann::json load_json(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot open " + path);
   return nlohmann::json::parse(f);
+}
+
+// A cache spec from its storage, StreamingLLM bound, RoPE mode and KIVI group/residual.
+inline CacheSpec cache_spec(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
+                            int64_t group = CacheSpec{}.kivi_group, int64_t residual = CacheSpec{}.kivi_residual) {
+  CacheSpec o;
+  o.storage = s;
+  o.kivi_group = group;
+  o.kivi_residual = residual;
+  o.sink = sink;
+  o.window = window;
+  o.rope_mode = r;
+  return o;
 }
 
 struct CliResult {

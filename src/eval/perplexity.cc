@@ -141,57 +141,53 @@ void check_ids(const Ids& ids, int64_t vocab) {
     if (id < 0 || id >= vocab) fail("token id {} is outside the vocabulary (0..{})", id, vocab - 1);
 }
 
-}  // namespace
-
-RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheSpec& opts,
-                        const ProgressFn& progress, int64_t bin_size) {
-  if (windows.empty()) fail("no window to score (the input is shorter than one window)");
+// Each input (>= 2 tokens, ids in the vocabulary) on a fresh cache sized for
+// it (a bounded one sizes itself); score(r, decoder, ids) feeds and scores it.
+template <typename Score>
+RunResult score_each(const Model& model, const std::vector<Ids>& inputs, const CacheSpec& opts, int64_t bin_size,
+                     const char* kind, Score&& score) {
+  if (inputs.empty()) fail("no {} to score{}", kind, std::string_view(kind) == "window" ? " (the input is shorter than one window)" : "");
   if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
-  const int64_t V = model.config().vocab_size;
   RunResult r;
   r.bin_size = bin_size;
   const auto t0 = clock::now();
-  for (const Ids& w : windows) {
-    const int64_t W = int64_t(w.size());
-    if (W < 2) fail("window of {} tokens: expected >= 2", W);
-    check_ids(w, V);
-    Decoder d(model, make_cache(model.cache_shape(W), opts));
+  for (const Ids& ids : inputs) {
+    if (ids.size() < 2) fail("{} of {} tokens: expected >= 2", kind, ids.size());
+    check_ids(ids, model.config().vocab_size);
+    Decoder d(model, make_cache(model.cache_shape(int64_t(ids.size())), opts));
     if (r.cache.empty()) r.cache = d.cache().describe();
-    if (path == Path::Full) {
-      // Batched prefill with every token's logits (in chunks of the cache's room() if it is bounded).
-      d.prefill(std::span(w.data(), size_t(W - 1)), [&](int64_t first, int64_t n, const float* logits) {
-        note_cache(r, d.cache());
-        for (int64_t i = 0; i < n; ++i) record(r, first + i + 1, token_nll(logits + i * V, V, w[size_t(first + i + 1)]));
-        r.tokens_fed += n;
-        if (progress) progress(n);
-      });
-    } else {
-      for (int64_t t = 0; t + 1 < W; ++t) score_step(r, d, w, t, progress);
-    }
+    score(r, d, ids);
   }
   r.seconds = since(t0);
   return r;
 }
 
+}  // namespace
+
+RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheSpec& opts,
+                        const ProgressFn& progress, int64_t bin_size) {
+  const int64_t V = model.config().vocab_size;
+  return score_each(model, windows, opts, bin_size, "window", [&](RunResult& r, Decoder& d, const Ids& w) {
+    const int64_t W = int64_t(w.size());
+    if (path == Path::Cache) {
+      for (int64_t t = 0; t + 1 < W; ++t) score_step(r, d, w, t, progress);
+      return;
+    }
+    // Batched prefill with every token's logits (in chunks of the cache's room() if it is bounded).
+    d.prefill(std::span(w.data(), size_t(W - 1)), [&](int64_t first, int64_t n, const float* logits) {
+      note_cache(r, d.cache());
+      for (int64_t i = 0; i < n; ++i) record(r, first + i + 1, token_nll(logits + i * V, V, w[size_t(first + i + 1)]));
+      r.tokens_fed += n;
+      if (progress) progress(n);
+    });
+  });
+}
+
 RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheSpec& opts,
                         const ProgressFn& progress, int64_t bin_size) {
-  if (streams.empty()) fail("no stream to score");
-  if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
-  const int64_t V = model.config().vocab_size;
-  RunResult r;
-  r.bin_size = bin_size;
-  const auto t0 = clock::now();
-  for (const Ids& s : streams) {
-    const int64_t N = int64_t(s.size());
-    if (N < 2) fail("stream of {} tokens: expected >= 2", N);
-    check_ids(s, V);
-    // An unbounded cache must hold the whole stream; a bounded one sizes itself.
-    Decoder d(model, make_cache(model.cache_shape(N), opts));
-    if (r.cache.empty()) r.cache = d.cache().describe();
-    for (int64_t t = 0; t + 1 < N; ++t) score_step(r, d, s, t, progress);
-  }
-  r.seconds = since(t0);
-  return r;
+  return score_each(model, streams, opts, bin_size, "stream", [&](RunResult& r, Decoder& d, const Ids& s) {
+    for (int64_t t = 0; t + 1 < int64_t(s.size()); ++t) score_step(r, d, s, t, progress);
+  });
 }
 
 Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheSpec& opts) {

@@ -7,20 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "kv/cache_spec.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
 
 CacheSpec spec(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
                int64_t group = CacheSpec{}.kivi_group, int64_t residual = CacheSpec{}.kivi_residual) {
-  CacheSpec o;
-  o.storage = s;
-  o.kivi_group = group;
-  o.kivi_residual = residual;
-  o.sink = sink;
-  o.window = window;
-  o.rope_mode = r;
-  return o;
+  return test::cache_spec(s, sink, window, r, group, residual);
 }
 
 void expect_issue(const CacheSpec& o, const std::string& field, const std::string& value, const std::string& needle) {

@@ -29,15 +29,8 @@ const Model& flagship() {
 }
 
 CacheSpec opts(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
-                  int64_t group = CacheSpec{}.kivi_group, int64_t residual = CacheSpec{}.kivi_residual) {
-  CacheSpec o;
-  o.storage = s;
-  o.kivi_group = group;
-  o.kivi_residual = residual;
-  o.sink = sink;
-  o.window = window;
-  o.rope_mode = r;
-  return o;
+               int64_t group = CacheSpec{}.kivi_group, int64_t residual = CacheSpec{}.kivi_residual) {
+  return test::cache_spec(s, sink, window, r, group, residual);
 }
 
 // Reference sequences: prompt ids followed by transformers' greedy tokens.
