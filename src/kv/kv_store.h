@@ -22,7 +22,7 @@
 
 namespace ptllm {
 
-enum class KVStorage;  // cache_options.h
+enum class KVStorage;  // cache_spec.h
 struct CacheSpec;
 
 // A ring of `cap` rows: logical row j (0 = oldest) is at physical row
