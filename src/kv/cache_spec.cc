@@ -52,7 +52,7 @@ std::optional<int64_t> int_from(std::string_view s) {
 }
 
 SpecIssue issue_of(std::string_view field, std::string_view value, std::string expected) {
-  return {std::string(field), std::string(value), std::move(expected)};
+  return {std::string(field), std::string(value), std::move(expected), {}};
 }
 
 }  // namespace
