@@ -1,86 +1,75 @@
 #include "app/cache_flags.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace ptllm::cli {
 namespace {
 
-// CLI11 prints "<flag>: <message>" for a failed check and exits non-zero.
-CLI::Validator integer_at_least(int64_t lo, std::string why) {
-  return CLI::Validator(
-      [lo, why](std::string& s) -> std::string {
-        int64_t v = 0;
-        size_t used = 0;
-        try {
-          v = std::stoll(s, &used);
-        } catch (...) {
-          used = 0;
-        }
-        if (used != s.size() || s.empty() || v < lo) return "got " + s + ", expected an integer >= " + std::to_string(lo) + why;
-        return {};
-      },
-      "INT>=" + std::to_string(lo));
-}
+// One flag per CacheSpec field (kv/cache_spec.h has the fields' meaning).
+constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
+    {"quantize", "--kv-quantize"},          {"quantize_k", "--kv-quantize-k"},
+    {"quantize_v", "--kv-quantize-v"},      {"sink", "--streaming-llm-sink"},
+    {"window", "--streaming-llm-window"},   {"rope", "--streaming-llm-rope"},
+    {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"}};
 
-template <typename Parse>
-CLI::Validator one_of(Parse parse, std::string desc) {
-  return CLI::Validator(
-      [parse](std::string& s) -> std::string {
-        try {
-          parse(s);
-          return {};
-        } catch (const Error& e) {
-          // "--flag value: expected ..." -> "got value, expected ..." (CLI11 prefixes the flag).
-          const std::string m = e.what();
-          const size_t colon = m.find(": ");
-          return "got " + s + ", " + (colon == std::string::npos ? m : m.substr(colon + 2));
-        }
-      },
-      std::move(desc));
+// Adds the flag of `field`; its value goes straight into spec.set, which parses
+// it once. A bad value is a CLI11 error "<flag>: got <value>, expected ...".
+void add_spec_flag(CLI::App* cmd, CacheSpec& spec, std::string_view field, const std::string& help,
+                   const std::string& type) {
+  const std::string flag = cache_flag_name(field);
+  cmd->add_option_function<std::string>(
+         flag,
+         [&spec, field, flag](const std::string& s) {
+           if (auto issue = spec.set(field, s)) throw CLI::ValidationError(flag, "got " + s + ", expected " + issue->expected);
+         },
+         help)
+      ->type_name(type);
 }
 
 }  // namespace
 
-void add_kivi_flags(CLI::App* cmd, CacheOptions& o) {
-  cmd->add_option_function<std::string>(
-         "--kv-quantize-k", [&o](const std::string& s) { o.key_storage = parse_storage(s, "--kv-quantize-k"); },
-         "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2")
-      ->check(one_of([](const std::string& s) { return parse_storage(s, "--kv-quantize-k"); },
-                     "fp32|fp16|bf16|int8|int4|int2"));
-  cmd->add_option_function<std::string>(
-         "--kv-quantize-v", [&o](const std::string& s) { o.value_storage = parse_storage(s, "--kv-quantize-v"); },
-         "Storage of V only (overrides --kv-quantize for values)")
-      ->check(one_of([](const std::string& s) { return parse_storage(s, "--kv-quantize-v"); },
-                     "fp32|fp16|bf16|int8|int4|int2"));
-  cmd->add_option("--kivi-group", o.kivi_group,
-                  "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over "
-                  "all stored tokens, re-quantised on append)")
-      ->check(integer_at_least(0, " (0 = the simple scheme)"));
-  cmd->add_option("--kivi-residual", o.kivi_residual,
-                  "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)")
-      ->check(integer_at_least(0, ""));
+std::string cache_flag_name(std::string_view field) {
+  for (const auto& [f, flag] : kFlags)
+    if (f == field) return std::string(flag);
+  return std::string(field);
 }
 
-void add_cache_flags(CLI::App* cmd, CacheOptions& o) {
-  cmd->add_option_function<std::string>(
-         "--kv-quantize", [&o](const std::string& s) { o.storage = parse_storage(s); },
-         "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int2 (int8/int4/int2 = KIVI: K "
-         "per-channel, V per-token)")
-      ->check(one_of([](const std::string& s) { return parse_storage(s); }, "fp32|fp16|bf16|int8|int4|int2"));
+std::string flag_message(const CacheSpecError& e) { return e.issue().message(cache_flag_name); }
+
+void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
+  add_spec_flag(cmd, o, "quantize_k",
+                "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2",
+                "fp32|fp16|bf16|int8|int4|int2");
+  add_spec_flag(cmd, o, "quantize_v", "Storage of V only (overrides --kv-quantize for values)",
+                "fp32|fp16|bf16|int8|int4|int2");
+  add_spec_flag(cmd, o, "kivi_group",
+                "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over "
+                "all stored tokens, re-quantised on append)",
+                "INT>=0");
+  add_spec_flag(cmd, o, "kivi_residual",
+                "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)", "INT>=0");
+}
+
+void add_cache_flags(CLI::App* cmd, CacheSpec& o) {
+  add_spec_flag(cmd, o, "quantize",
+                "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int2 (int8/int4/int2 = KIVI: K "
+                "per-channel, V per-token)",
+                "fp32|fp16|bf16|int8|int4|int2");
   add_kivi_flags(cmd, o);
-  cmd->add_option("--streaming-llm-sink", o.sink,
-                  "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window")
-      ->check(integer_at_least(0, ""));
-  cmd->add_option("--streaming-llm-window", o.window,
-                  "StreamingLLM: keep only the last M tokens beyond the sinks (bounds the cache to N+M tokens)")
-      ->check(integer_at_least(1, " (leave both StreamingLLM flags out for an unbounded cache)"));
-  cmd->add_option_function<std::string>(
-         "--streaming-llm-rope", [&o](const std::string& s) { o.rope_mode = parse_rope_mode(s); },
-         "reposition (default: keys stored before RoPE, rotated by cache slot) or absolute (keys keep their original "
-         "position)")
-      ->check(one_of(parse_rope_mode, "absolute|reposition"));
+  add_spec_flag(cmd, o, "sink",
+                "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window",
+                "INT>=0");
+  add_spec_flag(cmd, o, "window",
+                "StreamingLLM: keep only the last M tokens beyond the sinks (bounds the cache to N+M tokens); 0 = "
+                "unbounded (the default)",
+                "INT>=0");
+  add_spec_flag(cmd, o, "rope",
+                "reposition (default: keys stored before RoPE, rotated by cache slot) or absolute (keys keep their "
+                "original position)",
+                "absolute|reposition");
 }
-
 void add_sweep_flags(CLI::App* cmd, eval::SweepFlags& f, const std::string& kv_quantize_default) {
   cmd->add_option("--kv-quantize", f.kv_quantize,
                   "K/V storage, a comma list: fp32, fp16, bf16, int8, int4, int2 (default " + kv_quantize_default +

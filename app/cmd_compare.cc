@@ -58,17 +58,78 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return out;
 }
 
+struct CompareOpts {
+  std::string model, prompts;
+  int64_t tokens = 60;
+  bool json = false, csv = false, quiet = false;
+  eval::SweepFlags sweep;
+  int threads = 0;
+};
+
+eval::Table match_table(const std::vector<std::string>& prompts, const std::vector<std::string>& labels,
+                        const eval::GreedyMatch& g) {
+  eval::Table table;
+  table.header = {"prompt"};
+  for (const auto& l : labels) table.header.push_back(l);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<std::string> cells = {prompts[i]};
+    for (size_t s = 0; s < labels.size(); ++s) cells.push_back(fmt::format("{}/{}", g.match[i][s], g.reference[i].size()));
+    table.rows.push_back(std::move(cells));
+  }
+  std::vector<std::string> last = {"mean"};
+  for (double m : g.mean_fraction) last.push_back(fmt::format("{:.1f}%", 100 * m));
+  table.rows.push_back(last);
+  return table;
+}
+
+nlohmann::json match_json(const CompareOpts& o, const std::vector<std::string>& prompts,
+                          const std::vector<eval::Ids>& prompt_ids, const std::vector<CacheSpec>& settings,
+                          const std::vector<std::string>& labels, const eval::GreedyMatch& g) {
+  nlohmann::json j = {{"model", o.model}, {"tokens", o.tokens}, {"reference", "fp32 cache, unbounded"}};
+  j["prompts"] = nlohmann::json::array();
+  for (size_t i = 0; i < prompts.size(); ++i)
+    j["prompts"].push_back({{"prompt", prompts[i]}, {"prompt_ids", prompt_ids[i]}, {"fp32_ids", g.reference[i]}});
+  j["settings"] = nlohmann::json::array();
+  for (size_t s = 0; s < settings.size(); ++s) {
+    nlohmann::json e = {{"label", labels[s]}, {"kv_cache", settings[s].to_json()}, {"mean_match_fraction", g.mean_fraction[s]}};
+    nlohmann::json per = nlohmann::json::array();
+    for (size_t i = 0; i < prompts.size(); ++i)
+      per.push_back({{"prefix_match", g.match[i][s]}, {"tokens", g.reference[i].size()}, {"ids", g.outputs[s][i]}});
+    e["per_prompt"] = per;
+    j["settings"].push_back(e);
+  }
+  return j;
+}
+
+void run_compare(CompareOpts& o) {
+  if (o.json && o.csv) fail("--json and --csv: choose one output format");
+  if (o.tokens < 1) fail("--tokens {}: expected >= 1", o.tokens);
+  if (o.sweep.kv_quantize.empty()) o.sweep.kv_quantize = "bf16,int8,int4";
+  const std::vector<CacheSpec> settings = eval::expand_sweep(o.sweep);
+  const std::vector<std::string> labels = spec_labels(settings);
+  const std::vector<std::string> prompts = read_prompts(o.prompts);
+  apply_threads(o.threads);
+  LoadedModel lm = load_model(o.model);
+  std::vector<eval::Ids> prompt_ids;
+  for (const auto& p : prompts) prompt_ids.push_back(encode_prompt(lm, p, /*add_bos=*/true));
+  eval::Progress bar("greedy decoding", int64_t(prompts.size() * (settings.size() + 1)) * o.tokens, !o.quiet);
+  const eval::GreedyMatch g = eval::compare_greedy(lm, prompt_ids, settings, o.tokens, [&](int64_t n) { bar.add(n); });
+  bar.finish();
+  const eval::Table table = match_table(prompts, labels, g);
+  if (o.json) {
+    fmt::print("{}\n", match_json(o, prompts, prompt_ids, settings, labels, g).dump(2));
+  } else if (o.csv) {
+    fmt::print("{}", table.csv());
+  } else {
+    fmt::print("greedy prefix match against the fp32 cache, {} tokens per prompt\n\n", o.tokens);
+    fmt::print("{}", table.markdown());
+  }
+}
+
 }  // namespace
 
 void add_compare_command(CLI::App& root) {
-  struct Opts {
-    std::string model, prompts;
-    int64_t tokens = 60;
-    bool json = false, csv = false, quiet = false;
-    eval::SweepFlags sweep;
-    int threads = 0;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<CompareOpts>();
   CLI::App* cmd = root.add_subcommand(
       "compare", "Greedy decoding under each cache setting vs the fp32 cache: matching prefix per prompt and mean");
   cmd->add_option("model", o->model, "Model folder")->required();
@@ -81,85 +142,7 @@ void add_compare_command(CLI::App& root) {
   cmd->add_flag("--csv", o->csv, "Print the table as CSV");
   cmd->add_flag("--quiet,-q", o->quiet, "No progress bar");
   add_threads_flag(cmd, o->threads);
-  cmd->callback([o] {
-    if (o->json && o->csv) fail("--json and --csv: choose one output format");
-    if (o->tokens < 1) fail("--tokens {}: expected >= 1", o->tokens);
-    if (o->sweep.kv_quantize.empty()) o->sweep.kv_quantize = "bf16,int8,int4";
-    const std::vector<CacheOptions> settings = eval::expand_sweep(o->sweep);
-    const std::vector<std::string> labels = eval::short_labels(settings);
-    const std::vector<std::string> prompts = read_prompts(o->prompts);
-    apply_threads(o->threads);
-    LoadedModel lm = load_model(o->model);
-    if (!lm.tokenizer) fail("{}: no tokenizer.json beside the model (needed to encode prompts)", o->model);
-
-    std::vector<eval::Ids> prompt_ids, reference;
-    std::vector<std::vector<int64_t>> match(prompts.size(), std::vector<int64_t>(settings.size()));
-    eval::Progress bar("greedy decoding", int64_t(prompts.size() * (settings.size() + 1)) * o->tokens, !o->quiet);
-    for (const auto& p : prompts) {
-      eval::Ids ids = lm.tokenizer->encode(p, /*add_special_tokens=*/true);
-      if (ids.empty()) {
-        if (lm.bos_id < 0) fail("{}: an empty prompt and the model has no BOS token", o->prompts);
-        ids.push_back(lm.bos_id);
-      }
-      prompt_ids.push_back(ids);
-      reference.push_back(eval::greedy_continuation(lm, ids, o->tokens, CacheOptions{}));
-      bar.add(o->tokens);
-    }
-    std::vector<std::vector<eval::Ids>> outputs(settings.size());
-    for (size_t s = 0; s < settings.size(); ++s)
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        outputs[s].push_back(eval::greedy_continuation(lm, prompt_ids[i], o->tokens, settings[s]));
-        match[i][s] = eval::common_prefix(outputs[s].back(), reference[i]);
-        bar.add(o->tokens);
-      }
-    bar.finish();
-
-    eval::Table table;
-    table.header = {"prompt"};
-    for (const auto& l : labels) table.header.push_back(l);
-    std::vector<double> mean(settings.size(), 0.0);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      std::vector<std::string> cells = {prompts[i]};
-      for (size_t s = 0; s < settings.size(); ++s) {
-        const int64_t n = int64_t(reference[i].size());
-        cells.push_back(fmt::format("{}/{}", match[i][s], n));
-        mean[s] += n ? double(match[i][s]) / double(n) : 1.0;
-      }
-      table.rows.push_back(std::move(cells));
-    }
-    std::vector<std::string> last = {"mean"};
-    for (double& m : mean) {
-      m /= double(prompts.size());
-      last.push_back(fmt::format("{:.1f}%", 100 * m));
-    }
-    table.rows.push_back(last);
-
-    if (o->json) {
-      nlohmann::json j;
-      j["model"] = o->model;
-      j["tokens"] = o->tokens;
-      j["reference"] = "fp32 cache, unbounded";
-      j["prompts"] = nlohmann::json::array();
-      for (size_t i = 0; i < prompts.size(); ++i)
-        j["prompts"].push_back({{"prompt", prompts[i]}, {"prompt_ids", prompt_ids[i]}, {"fp32_ids", reference[i]}});
-      j["settings"] = nlohmann::json::array();
-      for (size_t s = 0; s < settings.size(); ++s) {
-        nlohmann::json e = eval::setting_json(settings[s], labels[s]);
-        e["mean_match_fraction"] = mean[s];
-        nlohmann::json per = nlohmann::json::array();
-        for (size_t i = 0; i < prompts.size(); ++i)
-          per.push_back({{"prefix_match", match[i][s]}, {"tokens", reference[i].size()}, {"ids", outputs[s][i]}});
-        e["per_prompt"] = per;
-        j["settings"].push_back(e);
-      }
-      fmt::print("{}\n", j.dump(2));
-    } else if (o->csv) {
-      fmt::print("{}", table.csv());
-    } else {
-      fmt::print("greedy prefix match against the fp32 cache, {} tokens per prompt\n\n", o->tokens);
-      fmt::print("{}", table.markdown());
-    }
-  });
+  cmd->callback([o] { run_compare(*o); });
 }
 
 }  // namespace ptllm::cli

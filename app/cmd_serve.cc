@@ -60,7 +60,7 @@ struct ServeOpts {
   int64_t max_sequences = 16, max_queue = 64, prefill_chunk = 64;
   int threads = 0, http_threads = 0;
   serve::ServerOptions server;
-  CacheOptions cache;
+  CacheSpec cache;
 };
 
 // SIGTERM/SIGINT: stop taking requests (503), let the running and queued ones finish, then return.
@@ -76,7 +76,7 @@ void run_until_signalled(serve::HttpServer& http, serve::Scheduler& sched) {
 }
 
 void serve_main(ServeOpts& o) {
-  validate(o.cache);
+  o.cache.check();
   serve::SchedulerConfig sc;
   sc.kv_budget = parse_bytes(o.kv_budget, "--kv-budget");
   sc.max_sequences = o.max_sequences;
@@ -97,7 +97,7 @@ void serve_main(ServeOpts& o) {
   const size_t default_need = backend->reservation_bytes(o.cache);
   if (default_need > sc.kv_budget)
     fail("--kv-budget {}: one request with the default cache ({}) reserves {} bytes, more than the budget",
-         o.kv_budget, describe(o.cache), default_need);
+         o.kv_budget, o.cache.describe(), default_need);
   serve::Metrics metrics;
   serve::Scheduler sched(*backend, sc, &metrics);
   serve::HttpServer http(o.server, lm, *backend, sched, metrics, chat);

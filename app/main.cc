@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "app/cache_flags.h"
 #include "app/commands.h"
 #include "core/error.h"
 
@@ -63,6 +64,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const ptllm::CacheSpecError& e) {
+    fmt::print(stderr, "error: {}\n", ptllm::cli::flag_message(e));
+    return 1;
   } catch (const ptllm::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

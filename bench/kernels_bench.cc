@@ -17,7 +17,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/grouped_store.h"
 #include "ops/kivi_kernels.h"
 #include "ops/ops.h"
@@ -103,7 +103,7 @@ BENCHMARK(BM_Matmul<DType::F16>)->Apply(MatmulArgs);
 // 1 absolute). bytes_per_second counts the cache bytes (payload + scales).
 void BM_Attention(benchmark::State& st) {
   const int64_t T = st.range(0);
-  CacheOptions o;
+  CacheSpec o;
   o.storage = KVStorage(st.range(1));
   o.rope_mode = st.range(2) ? RopeMode::Absolute : RopeMode::Reposition;
   ops::set_num_threads(1);

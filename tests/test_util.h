@@ -1,8 +1,14 @@
-// Shared test helpers: fixture locations and JSON loading.
+// Shared test helpers: fixture locations, JSON loading, running the CLI.
 #pragma once
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "kv/cache_spec.h"
 
 namespace ptllm::test {
 
@@ -14,6 +20,37 @@ inline nlohmann::json load_json(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot open " + path);
   return nlohmann::json::parse(f);
+}
+
+// A cache spec from its storage, StreamingLLM bound, RoPE mode and KIVI group/residual.
+inline CacheSpec cache_spec(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
+                            int64_t group = CacheSpec{}.kivi_group, int64_t residual = CacheSpec{}.kivi_residual) {
+  CacheSpec o;
+  o.storage = s;
+  o.kivi_group = group;
+  o.kivi_residual = residual;
+  o.sink = sink;
+  o.window = window;
+  o.rope_mode = r;
+  return o;
+}
+
+struct CliResult {
+  int status;       // exit status, or 128 + signal
+  std::string out;  // what the command printed on stdout
+};
+
+// Runs `posttrainllm <args>` through the shell (args may redirect: "2>&1").
+inline CliResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(PTLLM_CLI) + " " + args;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {127, "popen failed: " + cmd};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
 
 }  // namespace ptllm::test

@@ -9,7 +9,6 @@
 
 #include "core/error.h"
 #include "io/mmap.h"
-#include "kv/cache_options.h"
 #include "model/gguf_model.h"
 #include "tokenizer/gguf_file.h"
 
@@ -58,6 +57,19 @@ LoadedModel load_model(const std::string& path) {
   return lm;
 }
 
+std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& text, bool add_bos) {
+  if (!lm.tokenizer) fail("{}: no tokenizer.json beside the model (needed to encode --prompt)", lm.model->source());
+  std::vector<int32_t> ids = lm.tokenizer->encode(text, add_bos);
+  if (ids.empty()) {
+    if (lm.bos_id < 0) fail("--prompt is empty and the model has no BOS token to start from");
+    ids.push_back(lm.bos_id);
+  }
+  const int64_t ctx = lm.model->config().max_position;
+  if (int64_t(ids.size()) > ctx)
+    fail("--prompt: {} tokens is longer than the model's context of {} tokens", ids.size(), ctx);
+  return ids;
+}
+
 std::string_view stop_reason_name(StopReason r) {
   switch (r) {
     case StopReason::Eos: return "eos";
@@ -68,51 +80,28 @@ std::string_view stop_reason_name(StopReason r) {
   return "?";
 }
 
-std::unique_ptr<KVCache> make_default_cache(const Model& model, int64_t tokens_needed) {
+std::unique_ptr<KVCache> make_model_cache(const Model& model, const CacheSpec& spec, int64_t tokens_needed) {
   const int64_t cap = std::min<int64_t>(model.config().max_position, std::max<int64_t>(tokens_needed, 1));
-  return make_cache(model.cache_shape(cap), CacheOptions{});
+  return make_cache(model.cache_shape(cap), spec);
 }
 
-namespace {
-// A NaN/Inf in the logits would otherwise be sampled silently (the sampler
-// then picks an arbitrary id); one pass over [vocab] per forward is cheap
-// next to the forward itself. `position` is that of the token just run.
-void check_finite(const std::vector<float>& logits, int64_t position) {
-  for (float v : logits)
-    if (!std::isfinite(v)) fail("non-finite logits at position {}", position);
-}
-}  // namespace
-
-Session::Session(const LoadedModel& lm, std::unique_ptr<KVCache> cache) : lm_(lm), cache_(std::move(cache)) {}
+Session::Session(const LoadedModel& lm, std::unique_ptr<KVCache> cache)
+    : lm_(lm), decoder_(*lm.model, std::move(cache)) {}
 
 GenerateStats Session::generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                                 const OnToken& on_token) {
-  using clock = std::chrono::steady_clock;
-  const auto& cfg = lm_.model->config();
   if (prompt.empty()) fail("the prompt is empty (nothing to condition on)");
   if (opt.max_new_tokens < 0) fail("--tokens {}: expected >= 0", opt.max_new_tokens);
-  if (!cache_->bounded() && int64_t(prompt.size()) > cache_->room())
-    fail("prompt has {} tokens, longer than the context of {} tokens", prompt.size(),
-         std::min<int64_t>(cache_->room(), cfg.max_position));
   Sampler sampler(opt.sampler);
   GenerateStats st;
   st.prompt_tokens = int64_t(prompt.size());
-  logits_.assign(size_t(cfg.vocab_size), 0.f);
-
-  auto t0 = clock::now();
-  // A bounded cache may hold fewer tokens than the prompt: feed it in chunks it can take.
-  for (size_t off = 0; off < prompt.size();) {
-    const int64_t chunk = std::min<int64_t>(int64_t(prompt.size() - off), std::max<int64_t>(cache_->room(), 1));
-    lm_.model->forward(prompt.data() + off, chunk, *cache_, logits_.data(), false);
-    off += size_t(chunk);
-  }
-  check_finite(logits_, cache_->position() - 1);
-  auto t1 = clock::now();
-  st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  const DecodeTiming before = decoder_.timing();
+  decoder_.prefill(prompt);
+  const auto t1 = std::chrono::steady_clock::now();
 
   st.stop = StopReason::Length;
   for (int64_t i = 0; i < opt.max_new_tokens; ++i) {
-    const int32_t id = sampler.sample(logits_);
+    const int32_t id = sampler.sample(decoder_.logits());
     ++st.generated_tokens;
     const bool is_eos = std::find(lm_.eos_ids.begin(), lm_.eos_ids.end(), id) != lm_.eos_ids.end();
     if (!on_token(id)) {
@@ -124,14 +113,15 @@ GenerateStats Session::generate(const std::vector<int32_t>& prompt, const Genera
       break;
     }
     if (i + 1 == opt.max_new_tokens) break;
-    if (cache_->room() < 1) {
+    if (!decoder_.can_step()) {
       st.stop = StopReason::Context;
       break;
     }
-    lm_.model->forward(&id, 1, *cache_, logits_.data(), false);
-    check_finite(logits_, cache_->position() - 1);
+    decoder_.step(id);
   }
-  st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  // Decode time is the whole loop (sampling and the callback included), as before.
+  st.prefill_seconds = decoder_.timing().prefill_seconds - before.prefill_seconds;
+  st.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return st;
 }
 

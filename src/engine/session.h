@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "kv/kv_cache.h"
+#include "engine/decoder.h"
+#include "kv/cache_spec.h"
 #include "model/model.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -25,6 +26,11 @@ struct LoadedModel {
 LoadedModel load_model(const std::string& path);
 // The bundled default model (models/flagship-27m.tinygpt in the repo the executable was built in, or $PTLLM_MODEL).
 std::string default_model_path();
+
+// The prompt as ids: BOS first unless !add_bos; an empty prompt is BOS alone.
+// Throws when the model has no tokenizer, the prompt is empty and there is no
+// BOS, or the prompt is longer than the model's context.
+std::vector<int32_t> encode_prompt(const LoadedModel& lm, const std::string& text, bool add_bos);
 
 enum class StopReason { Eos, Length, Context, Interrupted };
 std::string_view stop_reason_name(StopReason r);
@@ -45,6 +51,7 @@ struct GenerateStats {
   double decode_tps() const { return decode_seconds > 0 ? double(generated_tokens) / decode_seconds : 0; }
 };
 
+// Sampling on top of a Decoder: prefill, then sample / stop conditions / step.
 class Session {
  public:
   Session(const LoadedModel& lm, std::unique_ptr<KVCache> cache);
@@ -52,17 +59,22 @@ class Session {
   using OnToken = std::function<bool(int32_t id)>;
   // Prefills `prompt` (must be non-empty) then samples up to max_new_tokens.
   GenerateStats generate(const std::vector<int32_t>& prompt, const GenerateOptions& opt, const OnToken& on_token);
-  KVCache& cache() { return *cache_; }
-  const std::vector<float>& last_logits() const { return logits_; }
+  KVCache& cache() { return decoder_.cache(); }
+  const Decoder& decoder() const { return decoder_; }
+  const std::vector<float>& last_logits() const { return decoder_.logits(); }
 
  private:
   const LoadedModel& lm_;
-  std::unique_ptr<KVCache> cache_;
-  std::vector<float> logits_;
+  Decoder decoder_;
 };
 
-// Default cache for a model when no cache flags are given: fp32, capacity =
-// min(context length, tokens needed).
-std::unique_ptr<KVCache> make_default_cache(const Model& model, int64_t tokens_needed);
+// A cache for `model` from `spec` for a run of tokens_needed tokens: an
+// unbounded cache holds min(context length, tokens_needed); a bounded one
+// sink + window slots whatever the length.
+std::unique_ptr<KVCache> make_model_cache(const Model& model, const CacheSpec& spec, int64_t tokens_needed);
+// The same with the default spec (fp32, unbounded).
+inline std::unique_ptr<KVCache> make_default_cache(const Model& model, int64_t tokens_needed) {
+  return make_model_cache(model, CacheSpec{}, tokens_needed);
+}
 
 }  // namespace ptllm

@@ -127,86 +127,70 @@ void note_cache(RunResult& r, const KVCache& c) {
   r.max_cache_bytes = std::max(r.max_cache_bytes, c.payload_bytes() + c.scale_bytes());
 }
 
+// The decode path: token t of `ids` through the cache, scoring token t + 1.
+void score_step(RunResult& r, Decoder& d, const Ids& ids, int64_t t, const ProgressFn& progress) {
+  const std::vector<float>& logits = d.step(ids[size_t(t)]);
+  note_cache(r, d.cache());
+  record(r, t + 1, token_nll(logits.data(), int64_t(logits.size()), ids[size_t(t + 1)]));
+  ++r.tokens_fed;
+  if (progress) progress(1);
+}
+
 void check_ids(const Ids& ids, int64_t vocab) {
   for (int32_t id : ids)
     if (id < 0 || id >= vocab) fail("token id {} is outside the vocabulary (0..{})", id, vocab - 1);
 }
 
+// Each input (>= 2 tokens, ids in the vocabulary) on a fresh cache sized for
+// it (a bounded one sizes itself); score(r, decoder, ids) feeds and scores it.
+template <typename Score>
+RunResult score_each(const Model& model, const std::vector<Ids>& inputs, const CacheSpec& opts, int64_t bin_size,
+                     const char* kind, Score&& score) {
+  if (inputs.empty()) fail("no {} to score{}", kind, std::string_view(kind) == "window" ? " (the input is shorter than one window)" : "");
+  if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
+  RunResult r;
+  r.bin_size = bin_size;
+  const auto t0 = clock::now();
+  for (const Ids& ids : inputs) {
+    if (ids.size() < 2) fail("{} of {} tokens: expected >= 2", kind, ids.size());
+    check_ids(ids, model.config().vocab_size);
+    Decoder d(model, make_cache(model.cache_shape(int64_t(ids.size())), opts));
+    if (r.cache.empty()) r.cache = d.cache().describe();
+    score(r, d, ids);
+  }
+  r.seconds = since(t0);
+  return r;
+}
+
 }  // namespace
 
-RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheOptions& opts,
+RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheSpec& opts,
                         const ProgressFn& progress, int64_t bin_size) {
-  if (windows.empty()) fail("no window to score (the input is shorter than one window)");
-  if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
   const int64_t V = model.config().vocab_size;
-  RunResult r;
-  r.bin_size = bin_size;
-  const auto t0 = clock::now();
-  std::vector<float> logits;
-  for (const Ids& w : windows) {
+  return score_each(model, windows, opts, bin_size, "window", [&](RunResult& r, Decoder& d, const Ids& w) {
     const int64_t W = int64_t(w.size());
-    if (W < 2) fail("window of {} tokens: expected >= 2", W);
-    check_ids(w, V);
-    auto cache = make_cache(model.cache_shape(W), opts);
-    if (r.cache.empty()) r.cache = cache->describe();
-    if (path == Path::Full) {
-      // Batched prefill; a bounded cache may take fewer tokens per step than
-      // the window holds, so feed it what it has room for (as Session does).
-      for (int64_t off = 0; off < W - 1;) {
-        const int64_t chunk = std::min<int64_t>(W - 1 - off, std::max<int64_t>(cache->room(), 1));
-        logits.resize(size_t(chunk * V));
-        model.forward(w.data() + off, chunk, *cache, logits.data(), /*all_logits=*/true);
-        note_cache(r, *cache);
-        for (int64_t i = 0; i < chunk; ++i) record(r, off + i + 1, token_nll(logits.data() + i * V, V, w[size_t(off + i + 1)]));
-        r.tokens_fed += chunk;
-        if (progress) progress(chunk);
-        off += chunk;
-      }
-    } else {
-      logits.resize(size_t(V));
-      for (int64_t t = 0; t + 1 < W; ++t) {
-        model.forward(&w[size_t(t)], 1, *cache, logits.data(), /*all_logits=*/false);
-        note_cache(r, *cache);
-        record(r, t + 1, token_nll(logits.data(), V, w[size_t(t + 1)]));
-        ++r.tokens_fed;
-        if (progress) progress(1);
-      }
+    if (path == Path::Cache) {
+      for (int64_t t = 0; t + 1 < W; ++t) score_step(r, d, w, t, progress);
+      return;
     }
-  }
-  r.seconds = since(t0);
-  return r;
+    // Batched prefill with every token's logits (in chunks of the cache's room() if it is bounded).
+    d.prefill(std::span(w.data(), size_t(W - 1)), [&](int64_t first, int64_t n, const float* logits) {
+      note_cache(r, d.cache());
+      for (int64_t i = 0; i < n; ++i) record(r, first + i + 1, token_nll(logits + i * V, V, w[size_t(first + i + 1)]));
+      r.tokens_fed += n;
+      if (progress) progress(n);
+    });
+  });
 }
 
-RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheOptions& opts,
+RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheSpec& opts,
                         const ProgressFn& progress, int64_t bin_size) {
-  if (streams.empty()) fail("no stream to score");
-  if (bin_size < 1) fail("bin size {}: expected >= 1", bin_size);
-  const int64_t V = model.config().vocab_size;
-  RunResult r;
-  r.bin_size = bin_size;
-  const auto t0 = clock::now();
-  std::vector<float> logits(static_cast<size_t>(V));
-  for (const Ids& s : streams) {
-    const int64_t N = int64_t(s.size());
-    if (N < 2) fail("stream of {} tokens: expected >= 2", N);
-    check_ids(s, V);
-    // An unbounded cache must hold the whole stream; a bounded one sizes itself.
-    auto cache = make_cache(model.cache_shape(N), opts);
-    if (r.cache.empty()) r.cache = cache->describe();
-    for (int64_t t = 0; t + 1 < N; ++t) {
-      if (cache->room() < 1) fail("the cache ({}) is full after {} tokens", cache->describe(), t);
-      model.forward(&s[size_t(t)], 1, *cache, logits.data(), /*all_logits=*/false);
-      note_cache(r, *cache);
-      record(r, t + 1, token_nll(logits.data(), V, s[size_t(t + 1)]));
-      ++r.tokens_fed;
-      if (progress) progress(1);
-    }
-  }
-  r.seconds = since(t0);
-  return r;
+  return score_each(model, streams, opts, bin_size, "stream", [&](RunResult& r, Decoder& d, const Ids& s) {
+    for (int64_t t = 0; t + 1 < int64_t(s.size()); ++t) score_step(r, d, s, t, progress);
+  });
 }
 
-Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheOptions& opts) {
+Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheSpec& opts) {
   const Model& m = *lm.model;
   const int64_t need = int64_t(prompt.size()) + n;
   auto cache = make_cache(m.cache_shape(std::min<int64_t>(need, m.config().max_position)), opts);
@@ -228,6 +212,30 @@ int64_t common_prefix(const Ids& a, const Ids& b) {
   size_t i = 0;
   while (i < n && a[i] == b[i]) ++i;
   return int64_t(i);
+}
+
+GreedyMatch compare_greedy(const LoadedModel& lm, const std::vector<Ids>& prompts,
+                           const std::vector<CacheSpec>& settings, int64_t n, const ProgressFn& progress) {
+  if (n < 1) fail("--tokens {}: expected >= 1", n);
+  GreedyMatch g;
+  for (const Ids& p : prompts) {
+    g.reference.push_back(greedy_continuation(lm, p, n, CacheSpec{}));
+    if (progress) progress(n);
+  }
+  g.outputs.resize(settings.size());
+  g.match.assign(prompts.size(), std::vector<int64_t>(settings.size()));
+  g.mean_fraction.assign(settings.size(), 0.0);
+  for (size_t s = 0; s < settings.size(); ++s) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      g.outputs[s].push_back(greedy_continuation(lm, prompts[i], n, settings[s]));
+      g.match[i][s] = common_prefix(g.outputs[s].back(), g.reference[i]);
+      const auto len = double(g.reference[i].size());
+      g.mean_fraction[s] += len > 0 ? double(g.match[i][s]) / len : 1.0;
+      if (progress) progress(n);
+    }
+    g.mean_fraction[s] /= double(std::max<size_t>(prompts.size(), 1));
+  }
+  return g;
 }
 
 }  // namespace ptllm::eval

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "model/model.h"
 
 namespace ptllm {
@@ -100,19 +100,30 @@ std::string_view path_name(Path p);
 //  - Path::Full: batched Model::forward(all_logits) over the window (in chunks
 //    of the cache's room() if it is bounded) — the prefill path.
 //  - Path::Cache: one token per forward(), last-token logits — the decode path.
-RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheOptions& opts,
+RunResult score_windows(const Model& model, const std::vector<Ids>& windows, Path path, const CacheSpec& opts,
                         const ProgressFn& progress = {}, int64_t bin_size = 128);
 
 // Stream mode: each stream fed token by token through one cache (eviction
 // happens inside a bounded cache), every prediction scored.
-RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheOptions& opts,
+RunResult score_streams(const Model& model, const std::vector<Ids>& streams, const CacheSpec& opts,
                         const ProgressFn& progress = {}, int64_t bin_size = 128);
 
 // Tokens of `prompt` then up to n greedily decoded ids through Session (the
 // `sample` path, EOS ignored so every setting yields n tokens).
-Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheOptions& opts);
+Ids greedy_continuation(const LoadedModel& lm, const Ids& prompt, int64_t n, const CacheSpec& opts);
 
 // Leading ids that a and b share.
 int64_t common_prefix(const Ids& a, const Ids& b);
+
+// `compare`: n greedy tokens per prompt under each setting against the plain
+// fp32 cache. progress() is told n after each continuation.
+struct GreedyMatch {
+  std::vector<Ids> reference;                // [prompt] fp32-cache continuation
+  std::vector<std::vector<Ids>> outputs;     // [setting][prompt]
+  std::vector<std::vector<int64_t>> match;   // [prompt][setting] leading tokens equal to the reference
+  std::vector<double> mean_fraction;         // [setting] mean over prompts of match / reference length
+};
+GreedyMatch compare_greedy(const LoadedModel& lm, const std::vector<Ids>& prompts,
+                           const std::vector<CacheSpec>& settings, int64_t n, const ProgressFn& progress = {});
 
 }  // namespace ptllm::eval

@@ -1,16 +1,14 @@
 // Several cache settings in one run: the cache flags of `perplexity` and
-// `compare` take comma lists, expanded here into CacheOptions.
+// `compare` take comma lists, expanded here into CacheSpec.
 #pragma once
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 
 namespace ptllm::eval {
 
-// Raw flag values, each a comma-separated list ("" = the flag's default).
+// Raw flag values, each a comma-separated list ("" = the field's default).
 struct SweepFlags {
   std::string kv_quantize;    // --kv-quantize fp32,int8,int4
   std::string sink;           // --streaming-llm-sink 0,4,4
@@ -33,29 +31,11 @@ struct SweepFlags {
 // overrides --kv-quantize for that half. KIVI group/residual only matter when
 // K or V is quantised (int8/int4/int2) and the residual only when the group is
 // > 0: irrelevant values are reset to the defaults. Settings that build the
-// same cache are dropped (first one kept). Throws Error naming the flag on a
-// bad value or mismatched lengths; each setting is checked with validate()
-// (so --kivi-residual must be a multiple of --kivi-group).
-std::vector<CacheOptions> expand_sweep(const SweepFlags& f);
-
-// Compact storage label: "int8", or "K int4 / V int2" when the halves differ.
-std::string storage_label(const CacheOptions& o);
-
-// Short table label: "int8", "int4 simple" (--kivi-group 0), "int4 G16 R64",
-// "K int4 / V int2 G32 R128 · sink 4 + window 252 · absolute",
-// "fp32 · window 256 · reposition" (describe() gives the long form). The KIVI
-// part ("simple" or "G<group> R<residual>") is shown for a quantised K or V when
-// the group/residual differ from the defaults (32/128), or always with show_kivi.
-std::string short_label(const CacheOptions& o, bool show_kivi = false);
-
-// Labels for a whole sweep: if any quantised setting shows its KIVI part, all
-// quantised settings do ("int4 simple" next to "int4 G32 R128", not "int4").
-std::vector<std::string> short_labels(const std::vector<CacheOptions>& settings);
-
-// The setting as JSON: setting (describe()), label, kv_quantize, kv_quantize_k,
-// kv_quantize_v (effective), kivi_group, kivi_residual (null where they do not
-// apply), sink, window, rope ("n/a" for an unbounded cache).
-nlohmann::json setting_json(const CacheOptions& o, const std::string& label);
+// same cache are dropped (first one kept); each setting comes back canonical
+// (CacheSpec::canonical). Throws CacheSpecError naming the field on a bad value
+// or mismatched lengths; each setting is checked (CacheSpec::check, so the
+// residual must be a multiple of the group).
+std::vector<CacheSpec> expand_sweep(const SweepFlags& f);
 
 // Splits "a, b,c" into {"a","b","c"}; an empty string gives {}.
 std::vector<std::string> split_list(const std::string& s);

@@ -15,26 +15,18 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 }  // namespace
 
+// The dtypes safetensors stores, spelled as dtype_name() spells them.
+constexpr DType kSafetensorsDtypes[] = {DType::F32, DType::F16, DType::BF16, DType::I8, DType::I32, DType::I64};
+
 DType parse_safetensors_dtype(const std::string& s, const std::string& where) {
-  if (s == "F32") return DType::F32;
-  if (s == "F16") return DType::F16;
-  if (s == "BF16") return DType::BF16;
-  if (s == "I8") return DType::I8;
-  if (s == "I32") return DType::I32;
-  if (s == "I64") return DType::I64;
+  for (DType t : kSafetensorsDtypes)
+    if (s == dtype_name(t)) return t;
   fail("{}: unsupported dtype {} (supported: F32, F16, BF16, I8, I32, I64)", where, s);
 }
 
 std::string safetensors_dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::I8: return "I8";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    default: break;
-  }
+  for (DType k : kSafetensorsDtypes)
+    if (k == t) return std::string(dtype_name(t));
   fail("safetensors cannot store dtype {}", dtype_name(t));
 }
 

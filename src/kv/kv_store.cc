@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/grouped_store.h"
 #include "ops/ops.h"
 
@@ -162,7 +162,7 @@ std::unique_ptr<KVStore> make_key_store(KVStorage s, int64_t n_heads, int64_t ca
   return make_value_store(s, n_heads, capacity, head_dim, sink);
 }
 
-std::unique_ptr<KVStore> make_store(bool key, const CacheOptions& o, int64_t sink, int64_t n_heads, int64_t capacity,
+std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, int64_t n_heads, int64_t capacity,
                                     int64_t head_dim) {
   const KVStorage s = key ? o.k_storage() : o.v_storage();
   if (is_quantised(s) && o.kivi_group > 0)

@@ -23,8 +23,8 @@
 
 namespace ptllm {
 
-enum class KVStorage;  // cache_options.h
-struct CacheOptions;
+enum class KVStorage;  // cache_spec.h
+struct CacheSpec;
 
 // A ring of `cap` rows: logical row j (0 = oldest) is at physical row
 // (start + j) mod cap. Dropping the oldest rows moves `start`; nothing is copied.
@@ -96,7 +96,7 @@ std::unique_ptr<KVStore> make_value_store(KVStorage storage, int64_t n_heads, in
 // The store the cache uses for K (key = true) or V of one layer under `o`:
 // o.k_storage() / o.v_storage(); quantised ones grouped (grouped_store.h) when
 // o.kivi_group > 0, with o.sink full-precision sinks when `sink` says so.
-std::unique_ptr<KVStore> make_store(bool key, const CacheOptions& o, int64_t sink, int64_t n_heads, int64_t capacity,
+std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, int64_t n_heads, int64_t capacity,
                                     int64_t head_dim);
 
 // KIVI keys: one (scale, zero) per (head, channel) over all stored tokens,

@@ -10,8 +10,8 @@
 
 namespace ptllm {
 
-StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheOptions& o) : KVCache(s), opt_(o) {
-  validate(o);
+StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheSpec& o) : KVCache(s), opt_(o) {
+  o.check();  // the one validation of a spec: every cache is made here
   if (s.capacity < 1) fail("KV cache: capacity {} (expected >= 1)", s.capacity);
   if (s.head_dim % 2 != 0 || s.head_dim > kMaxHeadDim)
     fail("KV cache: head_dim {} (expected even and <= {})", s.head_dim, kMaxHeadDim);
@@ -219,7 +219,7 @@ size_t StorageKVCache::scale_bytes() const {
 }
 
 std::string StorageKVCache::describe() const {
-  return fmt::format("{} · {} slots per layer", ptllm::describe(opt_), shape_.capacity);
+  return fmt::format("{} · {} slots per layer", opt_.describe(), shape_.capacity);
 }
 
 void StorageKVCache::clear() {

@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/kv_store.h"
 
 namespace ptllm {
@@ -27,7 +27,7 @@ namespace ptllm {
 class StorageKVCache : public KVCache {
  public:
   // shape.capacity = slots per layer (make_cache sets it to N+M for StreamingLLM).
-  StorageKVCache(const KVCacheShape& shape, const CacheOptions& o);
+  StorageKVCache(const KVCacheShape& shape, const CacheSpec& o);
   void append(int64_t layer, const float* k, const float* v, int64_t n) override;
   void attend(int64_t layer, const float* q, int64_t n, float* out) override;
   int64_t stored(int64_t layer) const override { return k_[size_t(layer)]->size(); }
@@ -38,7 +38,7 @@ class StorageKVCache : public KVCache {
   std::string describe() const override;
   void clear() override;
 
-  const CacheOptions& options() const { return opt_; }
+  const CacheSpec& options() const { return opt_; }
   // Stored keys/values of (layer, kv head) as fp32 [stored, head_dim], as
   // stored: plain keys rotated at their position, quantised keys un-rotated
   // (dequantised). For tests.
@@ -48,7 +48,7 @@ class StorageKVCache : public KVCache {
   const std::vector<int64_t>& slot_positions(int64_t layer) const { return pos_[size_t(layer)]; }
 
  private:
-  CacheOptions opt_;
+  CacheSpec opt_;
   std::vector<std::unique_ptr<KVStore>> k_, v_;  // per layer
   // Keys stored before RoPE (quantised K) and rotated by slot at read time.
   bool keys_prerope_ = true;

@@ -6,13 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "core/error.h"
 #include "io/mmap.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/tensor_names.h"
 
 namespace ptllm {
 namespace {
@@ -52,26 +52,6 @@ void write_all(const std::string& path, std::vector<OutTensor>& ts, const std::m
   write_safetensors(path, w, meta);
 }
 
-// HF name -> tinygpt name for one tensor; empty when not part of the format.
-std::string to_tinygpt_name(const std::string& hf) {
-  static const std::vector<std::pair<std::string, std::string>> layer_map = {
-      {"input_layernorm.weight", "attn_norm.weight"},         {"self_attn.q_proj.weight", "attn.wq.weight"},
-      {"self_attn.k_proj.weight", "attn.wk.weight"},          {"self_attn.v_proj.weight", "attn.wv.weight"},
-      {"self_attn.o_proj.weight", "attn.wo.weight"},          {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"mlp.gate_proj.weight", "ffn.w_gate.weight"},          {"mlp.up_proj.weight", "ffn.w_up.weight"},
-      {"mlp.down_proj.weight", "ffn.w_down.weight"}};
-  if (hf == "model.embed_tokens.weight") return "tok_embeddings.weight";
-  if (hf == "model.norm.weight") return "norm.weight";
-  if (hf == "lm_head.weight") return "output.weight";
-  static const std::regex re(R"(model\.layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (std::regex_match(hf, m, re))
-    for (auto& [a, b] : layer_map)
-      if (m[2] == a) return "layers." + m[1].str() + "." + b;
-  if (hf.rfind("yoco.", 0) == 0) return hf;
-  return "";
-}
-
 }  // namespace
 
 void convert_hf_to_tinygpt(const std::string& hf_dir, const std::string& out_path, std::optional<DType> dtype) {
@@ -93,7 +73,7 @@ void convert_hf_to_tinygpt(const std::string& hf_dir, const std::string& out_pat
   if (file_exists(hf_dir + "/tokenizer.json")) meta["tokenizer"] = read_text_file(hf_dir + "/tokenizer.json");
   std::vector<OutTensor> ts;
   for (auto& [name, t] : model->tensors().all()) {
-    std::string tn = to_tinygpt_name(name);
+    std::string tn = tinygpt_name_of(name);
     if (tn.empty()) continue;  // e.g. rotary caches some exporters add
     if (tn == "output.weight" && c.tie_embeddings) continue;
     ts.push_back({tn, t, dtype.value_or(t.dtype), {}});

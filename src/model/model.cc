@@ -95,10 +95,52 @@ KVCacheShape Model::cache_shape(int64_t capacity) const {
   return s;
 }
 
+size_t Model::step_weight_bytes() const {
+  size_t n = weight_bytes();
+  if (lm_head_.data != embed_.data) n -= embed_.nbytes() - storage_bytes(embed_.dtype, size_t(embed_.cols()));
+  return n;
+}
+
 void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* logits, bool all_logits) const {
+  KVCache* c = &cache;
+  run(tokens, n, &c, 1, logits, all_logits);
+}
+
+void Model::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) const {
+  if (B < 1) fail("forward_batch: {} sequences (expected >= 1)", B);
+  for (int64_t b = 0; b < B; ++b) {
+    if (!caches[b]) fail("forward_batch: sequence {} has no cache", b);
+    for (int64_t a = 0; a < b; ++a)
+      if (caches[a] == caches[b]) fail("forward_batch: sequences {} and {} share one cache", a, b);
+    if (caches[b]->room() < 1) fail("forward_batch: the cache of sequence {} is full", b);
+  }
+  run(tokens, B, caches, B, logits, /*all_logits=*/true);
+}
+
+void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_t n_caches, float* logits,
+                bool all_logits) const {
   const auto& c = config_;
   const int64_t H = c.hidden_size, F = c.intermediate_size;
   const int64_t QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
+  const bool batch = n_caches > 1;  // n sequences of one token each
+  // Products over the n rows: one sequence's prefill may use the blocked GEMM;
+  // a batch keeps each row's decode arithmetic (ops::matmul_rows).
+  const auto matmul_multi = [&](const float* in, const ops::MatmulJob* jobs, int n_jobs) {
+    batch ? ops::matmul_rows(in, n, jobs, n_jobs) : ops::matmul_multi(in, n, jobs, n_jobs);
+  };
+  const auto matmul = [&](const TensorView& w, const float* in, float* out) {
+    const ops::MatmulJob job{&w, out, nullptr};
+    matmul_multi(in, &job, 1);
+  };
+  // K/V of the n rows into their cache(s): k, v [n, KD].
+  const auto append = [&](int64_t layer, const float* k, const float* v) {
+    if (!batch) return caches[0]->append(layer, k, v, n);
+    for (int64_t b = 0; b < n; ++b) caches[b]->append(layer, k + b * KD, v + b * KD, 1);
+  };
+  const auto attend = [&](int64_t layer, const float* q, float* out) {
+    if (!batch) return caches[0]->attend(layer, q, n, out);
+    for (int64_t b = 0; b < n; ++b) caches[b]->attend(layer, q + b * QD, 1, out + b * QD);
+  };
   // Activations in one per-thread workspace, reused across calls (decode calls
   // forward once per token; nine allocations each time showed up in profiles).
   thread_local std::vector<float> ws;
@@ -125,28 +167,30 @@ void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* log
       // shared by every cross-decoder layer.
       ops::rmsnorm(x, yoco_kv_norm_, c.rms_eps, n, H, xn);
       const ops::MatmulJob kv[] = {{&yoco_wk_, k, nullptr}, {&yoco_wv_, v, nullptr}};
-      ops::matmul_multi(xn, n, kv, 2);
-      cache.append(w.cache_layer, k, v, n);
+      matmul_multi(xn, kv, 2);
+      append(w.cache_layer, k, v);
     }
     ops::rmsnorm(x, w.attn_norm, c.rms_eps, n, H, xn);
     // q, k, v in one parallel pass over their weights.
     const ops::MatmulJob qkv[] = {{&w.wq, q, w.has_bias ? &w.bq : nullptr},
                                   {&w.wk, k, w.has_bias ? &w.bk : nullptr},
                                   {&w.wv, v, w.has_bias ? &w.bv : nullptr}};
-    ops::matmul_multi(xn, n, qkv, w.has_kv ? 3 : 1);
-    if (w.has_kv) cache.append(w.cache_layer, k, v, n);
-    cache.attend(w.cache_layer, q, n, att);
-    ops::matmul(w.wo, att, n, proj);
+    matmul_multi(xn, qkv, w.has_kv ? 3 : 1);
+    if (w.has_kv) append(w.cache_layer, k, v);
+    attend(w.cache_layer, q, att);
+    matmul(w.wo, att, proj);
     for (size_t i = 0; i < nH; ++i) x[i] += proj[i];
     ops::rmsnorm(x, w.ffn_norm, c.rms_eps, n, H, xn);
-    ops::matmul_swiglu(w.w_gate, w.w_up, xn, n, gate, up);  // gate = silu(gate) * up
-    ops::matmul(w.w_down, gate, n, proj);
+    // gate = silu(gate) * up
+    batch ? ops::matmul_swiglu_rows(w.w_gate, w.w_up, xn, n, gate, up)
+          : ops::matmul_swiglu(w.w_gate, w.w_up, xn, n, gate, up);
+    matmul(w.w_down, gate, proj);
     for (size_t i = 0; i < nH; ++i) x[i] += proj[i];
   }
-  cache.advance(n);
+  for (int64_t b = 0; b < n_caches; ++b) caches[b]->advance(batch ? 1 : n);
   if (all_logits) {
     ops::rmsnorm(x, final_norm_, c.rms_eps, n, H, xn);
-    ops::matmul(lm_head_, xn, n, logits);
+    matmul(lm_head_, xn, logits);
   } else {
     ops::rmsnorm(x + (n - 1) * H, final_norm_, c.rms_eps, 1, H, xn);
     ops::matmul(lm_head_, xn, 1, logits);

@@ -44,11 +44,28 @@ class Model {
   // when all_logits, else only the last token's [vocab].
   void forward(const int32_t* tokens, int64_t n, KVCache& cache, float* logits, bool all_logits) const;
 
+  // One decode step of B independent sequences: tokens[b] is appended to
+  // *caches[b] (each its own cache, at its own position) and logits[b] gets
+  // that sequence's [vocab]; logits is [B, vocab]. Embeddings, norms,
+  // projections and the MLP run as one matrix product over the B rows (each
+  // weight read once), attention per sequence over its own cache. A row's
+  // logits are bit-identical to forward() of that token alone (batch invariance:
+  // ops::matmul_rows keeps the decode arithmetic per row).
+  void forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) const;
+
+  // Bytes of weights one decode step reads: every weight except the embedding
+  // table, of which only one row, unless the table is also the (tied) output head.
+  size_t step_weight_bytes() const;
+
   // Shape of the cache this model needs.
   KVCacheShape cache_shape(int64_t capacity) const;
 
  private:
   const TensorView& tensor(const std::string& name, std::vector<int64_t> shape) const;
+  // The forward pass of n rows: one sequence of n tokens (n_caches = 1), or n
+  // sequences of one token each (n_caches = n, `batch` kernels).
+  void run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_t n_caches, float* logits,
+           bool all_logits) const;
   ModelConfig config_;
   TensorStore store_;
   std::string source_;

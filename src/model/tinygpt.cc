@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "model/tensor_names.h"
 
 namespace ptllm {
 namespace {
@@ -86,24 +87,10 @@ std::unique_ptr<Model> Model::load_tinygpt(const std::string& path, std::string*
     *tokenizer_json = it == meta.end() ? std::string() : it->second;
   }
   // Rename to the Hugging Face layout the forward pass reads.
-  auto ren = [&](const std::string& from, const std::string& to) {
-    if (store.has(from)) store.rename(from, to);
-  };
-  ren("tok_embeddings.weight", "model.embed_tokens.weight");
-  ren("norm.weight", "model.norm.weight");
-  ren("output.weight", "lm_head.weight");
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string s = fmt::format("layers.{}.", l), d = fmt::format("model.layers.{}.", l);
-    ren(s + "attn_norm.weight", d + "input_layernorm.weight");
-    ren(s + "attn.wq.weight", d + "self_attn.q_proj.weight");
-    ren(s + "attn.wk.weight", d + "self_attn.k_proj.weight");
-    ren(s + "attn.wv.weight", d + "self_attn.v_proj.weight");
-    ren(s + "attn.wo.weight", d + "self_attn.o_proj.weight");
-    ren(s + "ffn_norm.weight", d + "post_attention_layernorm.weight");
-    ren(s + "ffn.w_gate.weight", d + "mlp.gate_proj.weight");
-    ren(s + "ffn.w_up.weight", d + "mlp.up_proj.weight");
-    ren(s + "ffn.w_down.weight", d + "mlp.down_proj.weight");
-  }
+  std::vector<std::string> names;
+  for (const auto& [name, t] : store.all()) names.push_back(name);
+  for (const std::string& name : names)
+    if (const std::string hf = hf_name_of(name); !hf.empty() && hf != name) store.rename(name, hf);
   return std::make_unique<Model>(std::move(c), std::move(store), path);
 }
 

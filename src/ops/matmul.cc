@@ -351,4 +351,84 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
   }
 }
 
+// ---------- batched decode (matmul_rows): the decode arithmetic per row ----------
+namespace {
+// Weight rows per block: 16 rows of up to a few thousand inputs stay in L1
+// while every row of x passes over them.
+constexpr int64_t kRowBlock = 16;
+
+// y[t, o] for t < n, o in [r0, r1): per row exactly what the n_tokens = 1 path
+// computes (matvec_rows on AVX-512, dot_row + bias otherwise).
+// `fast`: every job of the call has an AVX-512 kernel (as matmul_multi decides).
+void rows_range(const TensorView& w, const float* x, int64_t n, float* y, const float* bias_f32,
+                const TensorView* bias, int64_t r0, int64_t r1, bool fast) {
+  const int64_t out = w.rows(), in = w.cols();
+  const size_t row_bytes = storage_bytes(w.dtype, size_t(in));
+  for (int64_t o0 = r0; o0 < r1; o0 += kRowBlock) {
+    const int64_t o1 = std::min(o0 + kRowBlock, r1);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * in;
+      float* yt = y + t * out;
+      if (fast) {
+        matvec_rows_any(w, xt, yt, bias, o0, o1);
+      } else {
+        for (int64_t o = o0; o < o1; ++o)
+          yt[o] = dot_row(w.data + size_t(o) * row_bytes, w.dtype, xt, in) + (bias_f32 ? bias_f32[o] : 0.f);
+      }
+    }
+  }
+}
+
+std::vector<float> bias_to_f32(const TensorView* bias) {
+  std::vector<float> b;
+  if (bias) {
+    b.resize(size_t(bias->numel()));
+    to_f32(bias->data, bias->dtype, b.data(), int64_t(b.size()));
+  }
+  return b;
+}
+}  // namespace
+
+void matmul_rows(const float* x, int64_t n_rows, const MatmulJob* jobs, int n_jobs) {
+  if (n_jobs <= 0 || n_rows <= 0) return;
+  // Block-quantised weights: their kernels already give each row the same
+  // arithmetic whatever the number of rows (ops/quant.h).
+  for (int j = 0; j < n_jobs; ++j)
+    if (is_block_quantised(jobs[j].w->dtype)) return qmatmul_multi(x, n_rows, jobs, n_jobs);
+  const int64_t in = jobs[0].w->cols();
+  int64_t total = 0;
+  bool fast = true;
+  std::vector<std::vector<float>> biases;
+  for (int j = 0; j < n_jobs; ++j) {
+    fast = fast && fast_matmul(*jobs[j].w);
+    check_matmul(*jobs[j].w, x, jobs[j].y);
+    if (jobs[j].w->cols() != in) fail("matmul_rows: weights disagree on the input size ({} vs {})", jobs[j].w->cols(), in);
+    total += jobs[j].w->rows();
+    biases.push_back(bias_to_f32(jobs[j].bias));
+  }
+#pragma omp parallel if (total * in * n_rows >= kParallelWork)
+  {
+    auto [b, e] = split(total, omp_get_thread_num(), omp_get_num_threads(), kRowBlock);
+    int64_t off = 0;
+    for (int j = 0; j < n_jobs && off < e; ++j) {
+      const int64_t rows = jobs[j].w->rows();
+      const int64_t r0 = std::max(b - off, int64_t(0)), r1 = std::min(e - off, rows);
+      if (r0 < r1)
+        rows_range(*jobs[j].w, x, n_rows, jobs[j].y, jobs[j].bias ? biases[size_t(j)].data() : nullptr, jobs[j].bias,
+                   r0, r1, fast);
+      off += rows;
+    }
+  }
+}
+
+void matmul_swiglu_rows(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_rows, float* gate,
+                        float* up) {
+  if (w_gate.shape != w_up.shape)
+    fail("matmul_swiglu_rows: gate {} and up {} shapes differ", shape_str(w_gate.shape), shape_str(w_up.shape));
+  if (n_rows <= 0) return;
+  const MatmulJob jobs[] = {{&w_gate, gate, nullptr}, {&w_up, up, nullptr}};
+  matmul_rows(x, n_rows, jobs, 2);
+  silu_mul(gate, up, n_rows * w_gate.rows());  // elementwise: the same per element as the decode path
+}
+
 }  // namespace ptllm::ops

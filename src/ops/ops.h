@@ -50,6 +50,16 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
 void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
                    float* up);
 
+// Batched decode: n_rows independent rows of x (one token of each of several
+// sequences) through the same weights. Each output row is bit-identical to
+// matmul_multi / matmul_swiglu with n_tokens = 1 on that row alone (the same
+// per-row reduction order whatever n_rows), so a sequence's logits do not
+// depend on what it is batched with. Weights are read from memory once per
+// call: small blocks of weight rows are reused from L1 for every row of x.
+void matmul_rows(const float* x, int64_t n_rows, const MatmulJob* jobs, int n_jobs);
+void matmul_swiglu_rows(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_rows, float* gate,
+                        float* up);
+
 // Attention building blocks over fp32 rows [len, hd] (one K or V head):
 // scores[t] = scale * (q · k[t, :])
 void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores);

@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "sampling/sampler.h"
 
 namespace ptllm::serve {
@@ -30,11 +30,11 @@ class Backend {
   virtual ~Backend() = default;
   // Bytes (payload + scales) a cache of these settings holds when full: the
   // admission reservation. Thread-safe (called from HTTP threads); memoised.
-  virtual size_t reservation_bytes(const CacheOptions& o) = 0;
+  virtual size_t reservation_bytes(const CacheSpec& o) = 0;
   virtual int64_t context_length() const = 0;
   virtual bool is_eos(int32_t id) const = 0;
   // A sequence with its own cache (capacity = the context for an unbounded one).
-  virtual std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheOptions& o,
+  virtual std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheSpec& o,
                                           const SamplerConfig& s) = 0;
   // Feeds the next min(max_tokens, remaining) prompt tokens. Chunk boundaries
   // depend only on the sequence and max_tokens, never on other sequences (batch

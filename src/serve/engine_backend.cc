@@ -11,10 +11,11 @@
 #include <mutex>
 
 #include "core/error.h"
+#include <nlohmann/json.hpp>
 
 namespace ptllm::serve {
 
-size_t full_cache_bytes(const Model& model, const CacheOptions& o) {
+size_t full_cache_bytes(const Model& model, const CacheSpec& o) {
   const int64_t ctx = model.config().max_position;
   auto cache = make_cache(model.cache_shape(ctx), o);
   const KVCacheShape& sh = cache->shape();
@@ -61,16 +62,13 @@ void check_finite(const std::vector<float>& logits, int64_t position) {
 }
 
 // Memo key: every field that changes the cache's size.
-std::string options_key(const CacheOptions& o) {
-  return fmt::format("{}/{}/{}/{}/{}/{}/{}", storage_name(o.k_storage()), storage_name(o.v_storage()), o.kivi_group,
-                     o.kivi_residual, o.sink, o.window, rope_mode_name(o.rope_mode));
-}
+std::string options_key(const CacheSpec& o) { return o.canonical().to_json().dump(); }
 
 class EngineBackend : public Backend {
  public:
   explicit EngineBackend(const LoadedModel& lm) : lm_(lm) {}
 
-  size_t reservation_bytes(const CacheOptions& o) override {
+  size_t reservation_bytes(const CacheSpec& o) override {
     const std::string key = options_key(o);
     {
       std::lock_guard lk(mu_);
@@ -88,7 +86,7 @@ class EngineBackend : public Backend {
     return std::find(lm_.eos_ids.begin(), lm_.eos_ids.end(), id) != lm_.eos_ids.end();
   }
 
-  std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheOptions& o,
+  std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheSpec& o,
                                   const SamplerConfig& s) override {
     if (prompt.empty()) fail("prompt: empty (nothing to condition on)");
     auto cache = make_cache(lm_.model->cache_shape(context_length()), o);

@@ -13,6 +13,6 @@ std::unique_ptr<Backend> make_engine_backend(const LoadedModel& lm);
 // Bytes (payload + scales) a cache of `o` for `model` holds when full, found by
 // filling a throwaway cache: an unbounded one to the context length, a bounded
 // one past sink + window + the KIVI residual (where its size stops changing).
-size_t full_cache_bytes(const Model& model, const CacheOptions& o);
+size_t full_cache_bytes(const Model& model, const CacheSpec& o);
 
 }  // namespace ptllm::serve

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "engine/session.h"
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "serve/backend.h"
 #include "serve/metrics.h"
 #include "serve/scheduler.h"
@@ -32,7 +32,7 @@ struct ServerOptions {
   std::string model_name;    // what /v1/models lists and responses echo
   size_t max_body = size_t(4) << 20;
   int http_threads = 64;     // connections served at once; more wait for a thread
-  CacheOptions cache_defaults;
+  CacheSpec cache_defaults;
 };
 
 class HttpServer {

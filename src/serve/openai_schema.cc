@@ -66,18 +66,9 @@ std::string string(const json& v, const std::string& name) {
   return v.get<std::string>();
 }
 
-KVStorage storage(const json& v, const std::string& name) {
-  const std::string s = string(v, name);
-  try {
-    return parse_storage(s, name);
-  } catch (const Error& e) {
-    bad(name, fmt::format("got \"{}\", expected one of fp32, fp16, bf16, int8, int4, int2", s));
-  }
-}
-
 // temperature, top_p, top_k, seed, max_tokens (under `max_key`), stop, n,
 // stream, ignore_eos, kv_cache.
-GenParams parse_gen(const json& b, const CacheOptions& defaults, const char* max_key, int64_t max_default) {
+GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_key, int64_t max_default) {
   GenParams g;
   g.max_tokens = max_default;
   g.sampler.temperature = 1.0;  // OpenAI's default
@@ -124,37 +115,26 @@ std::string model_name(const json& b) {
 
 }  // namespace
 
-CacheOptions parse_kv_cache(const json& obj, const CacheOptions& defaults) {
+CacheSpec parse_kv_cache(const json& obj, const CacheSpec& defaults) {
   if (!obj.is_object()) bad("kv_cache", fmt::format("expected an object, got {}", obj.dump()));
-  CacheOptions o = defaults;
+  // The spec's own parser, field by field over the server's defaults (so a
+  // request may change only the window), then its cross-field rules.
+  CacheSpec o = defaults;
+  const auto named = [](std::string_view f) { return "kv_cache." + std::string(f); };
   for (const auto& [key, v] : obj.items()) {
-    const std::string name = "kv_cache." + key;
-    if (key == "quantize") o.storage = storage(v, name);
-    else if (key == "quantize_k") o.key_storage = storage(v, name);
-    else if (key == "quantize_v") o.value_storage = storage(v, name);
-    else if (key == "sink") o.sink = integer(v, name, 0, int64_t(1) << 31);
-    else if (key == "window") o.window = integer(v, name, 0, int64_t(1) << 31);
-    else if (key == "kivi_group") o.kivi_group = integer(v, name, 0, int64_t(1) << 20);
-    else if (key == "kivi_residual") o.kivi_residual = integer(v, name, 0, int64_t(1) << 20);
-    else if (key == "rope") {
-      const std::string s = string(v, name);
-      if (s == "absolute") o.rope_mode = RopeMode::Absolute;
-      else if (s == "reposition") o.rope_mode = RopeMode::Reposition;
-      else bad(name, fmt::format("got \"{}\", expected absolute or reposition", s));
-    } else {
-      bad(name, "unknown field (expected quantize, quantize_k, quantize_v, sink, window, rope, kivi_group, kivi_residual)");
-    }
+    const std::string name = named(key);
+    std::string text;
+    if (v.is_string()) text = v.get<std::string>();
+    else if (v.is_number_integer()) text = v.dump();
+    else if (v.is_null()) continue;  // null = the default
+    else bad(name, fmt::format("expected a string or an integer, got {}", v.dump()));
+    if (auto issue = o.set(key, text)) bad(named(issue->field), issue->message(named));
   }
-  // A sink given here with the server's default (unbounded) window: the cross-field rule.
-  try {
-    validate(o);
-  } catch (const Error& e) {
-    bad("kv_cache", e.what());
-  }
+  if (auto issue = o.issue()) bad(named(issue->field), issue->message(named));
   return o;
 }
 
-CompletionRequest parse_completion(const json& b, const CacheOptions& defaults, int32_t vocab) {
+CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int32_t vocab) {
   CompletionRequest r;
   r.model = model_name(b);
   const json* p = field(b, "prompt");
@@ -174,7 +154,7 @@ CompletionRequest parse_completion(const json& b, const CacheOptions& defaults, 
   return r;
 }
 
-ChatRequest parse_chat(const json& b, const CacheOptions& defaults) {
+ChatRequest parse_chat(const json& b, const CacheSpec& defaults) {
   ChatRequest r;
   r.model = model_name(b);
   const json* m = field(b, "messages");

@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "sampling/sampler.h"
 
 namespace ptllm::serve {
@@ -33,7 +33,7 @@ struct GenParams {
   std::vector<std::string> stop;
   bool stream = false;
   bool ignore_eos = false;    // llama-server's extension
-  CacheOptions cache;         // "kv_cache" over the server's defaults
+  CacheSpec cache;         // "kv_cache" over the server's defaults
 };
 
 struct CompletionRequest {
@@ -51,11 +51,11 @@ struct ChatRequest {
 // Body text -> JSON object; 400 "invalid JSON" otherwise.
 nlohmann::json parse_body(const std::string& body);
 // `vocab` bounds token-id prompts.
-CompletionRequest parse_completion(const nlohmann::json& body, const CacheOptions& defaults, int32_t vocab);
-ChatRequest parse_chat(const nlohmann::json& body, const CacheOptions& defaults);
+CompletionRequest parse_completion(const nlohmann::json& body, const CacheSpec& defaults, int32_t vocab);
+ChatRequest parse_chat(const nlohmann::json& body, const CacheSpec& defaults);
 // The "kv_cache" extension object over the server's defaults; an unknown field
 // or a bad value is a 400 naming "kv_cache.<field>". (The one function to
 // swap for the engine's cache-spec from_json.)
-CacheOptions parse_kv_cache(const nlohmann::json& obj, const CacheOptions& defaults);
+CacheSpec parse_kv_cache(const nlohmann::json& obj, const CacheSpec& defaults);
 
 }  // namespace ptllm::serve

@@ -31,7 +31,7 @@ std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "canc
 // thread and must not block (they hand data to the HTTP thread).
 struct Job {
   std::vector<int32_t> prompt;
-  CacheOptions cache;
+  CacheSpec cache;
   SamplerConfig sampler;
   int64_t max_tokens = 16;
   bool ignore_eos = false;

@@ -47,7 +47,7 @@ TEST(Perplexity, FlagshipHeldoutMatchesTransformers) {
   auto streams = eval::tokenize_files(files, *lm.tokenizer, lm.bos_id, lm.eos_ids[0]);
   auto windows = eval::cut_windows({eval::concatenate(streams)}, W, K);
   ASSERT_EQ(int64_t(windows.size()), K);
-  CacheOptions fp32;
+  CacheSpec fp32;
   auto full = eval::score_windows(*lm.model, windows, eval::Path::Full, fp32);
   EXPECT_EQ(full.total.count, ref["tokens_scored"].get<int64_t>());
   EXPECT_NEAR(full.total.ppl() / ref["ppl"].get<double>(), 1.0, 1e-3)

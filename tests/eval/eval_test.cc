@@ -4,6 +4,8 @@
 // transformers' (models/flagship-27m/reference.json).
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -173,7 +175,7 @@ TEST(Perplexity, Fp32CachePathEqualsFullForwardStories) {
   std::vector<Ids> streams = {lcg_ids(300, V, 1), lcg_ids(200, V, 2)};
   auto windows = eval::cut_windows(streams, 96, 0);
   ASSERT_EQ(windows.size(), 5u);  // 3 + 2
-  CacheOptions fp32;
+  CacheSpec fp32;
   auto full = eval::score_windows(*lm.model, windows, eval::Path::Full, fp32);
   auto cached = eval::score_windows(*lm.model, windows, eval::Path::Cache, fp32);
   EXPECT_EQ(full.total.count, 5 * 95);
@@ -192,7 +194,7 @@ TEST(Perplexity, StreamModeIsDeterministicAndFillsSegments) {
   LoadedModel lm = load_stories();
   const int64_t V = lm.model->config().vocab_size;
   std::vector<Ids> streams = {lcg_ids(700, V, 3)};
-  CacheOptions fp32;
+  CacheSpec fp32;
   auto a = eval::score_streams(*lm.model, streams, fp32);
   auto b = eval::score_streams(*lm.model, streams, fp32);
   EXPECT_EQ(a.total.nll, b.total.nll);  // bitwise: same inputs, same order
@@ -206,7 +208,7 @@ TEST(Perplexity, StreamModeIsDeterministicAndFillsSegments) {
 // A bounded StreamingLLM cache keeps memory flat.
 TEST(Perplexity, BoundedCacheHoldsAtMostSinkPlusWindow) {
   LoadedModel lm = load_stories();
-  CacheOptions o;
+  CacheSpec o;
   o.sink = 4;
   o.window = 28;
   const int64_t V = lm.model->config().vocab_size;
@@ -220,7 +222,7 @@ TEST(Perplexity, BoundedCacheHoldsAtMostSinkPlusWindow) {
 
 TEST(Perplexity, RejectsBadInput) {
   LoadedModel lm = load_stories();
-  CacheOptions fp32;
+  CacheSpec fp32;
   EXPECT_THROW(eval::score_windows(*lm.model, {}, eval::Path::Full, fp32), Error);
   EXPECT_THROW(eval::score_windows(*lm.model, {{1, 100000}}, eval::Path::Cache, fp32), Error);
   EXPECT_THROW(eval::score_streams(*lm.model, {{1}}, fp32), Error);
@@ -268,7 +270,7 @@ TEST(Sweep, PairsSinkWithWindowAndCrossesStorageAndRope) {
   EXPECT_EQ(s[2].rope_mode, RopeMode::Absolute);
   EXPECT_EQ(s[9].sink, 4);
   EXPECT_EQ(s[9].rope_mode, RopeMode::Reposition);
-  EXPECT_EQ(eval::short_label(s[9]), "int8 · sink 4 + window 252 · reposition");
+  EXPECT_EQ(s[9].label(), "int8 · sink 4 + window 252 · reposition");
   EXPECT_EQ(eval::expand_sweep({}).size(), 1u);  // the plain fp32 cache
   f.window = "0,256";
   EXPECT_THROW(eval::expand_sweep(f), Error);  // 3 sinks, 2 windows
@@ -292,12 +294,12 @@ TEST(Sweep, KiviGroupListGivesDistinctSettings) {
   EXPECT_EQ(s[1].kivi_residual, 128);
   EXPECT_FALSE(s[0].grouped());
   EXPECT_TRUE(s[1].grouped());
-  const auto labels = eval::short_labels(s);
+  const auto labels = spec_labels(s);
   ASSERT_EQ(labels.size(), 2u);
   EXPECT_EQ(labels[0], "int4 simple");
   EXPECT_EQ(labels[1], "int4 G32 R128");
-  EXPECT_NE(eval::short_label(s[0]), eval::short_label(s[1]));  // distinct even without the sweep context
-  EXPECT_EQ(eval::short_label(s[1]), "int4");                   // defaults alone: the old label
+  EXPECT_NE(s[0].label(), s[1].label());  // distinct even without the sweep context
+  EXPECT_EQ(s[1].label(), "int4");                   // defaults alone: the old label
   // The residual is paired with the group, a single value repeated.
   f.kivi_group = "16,32";
   f.kivi_residual = "64,128";
@@ -307,7 +309,7 @@ TEST(Sweep, KiviGroupListGivesDistinctSettings) {
   EXPECT_EQ(s[0].kivi_residual, 64);
   EXPECT_EQ(s[1].kivi_group, 32);
   EXPECT_EQ(s[1].kivi_residual, 128);
-  EXPECT_EQ(eval::short_labels(s)[0], "int4 G16 R64");
+  EXPECT_EQ(spec_labels(s)[0], "int4 G16 R64");
   f.kivi_residual = "128";
   EXPECT_EQ(eval::expand_sweep(f).size(), 2u);
   f.kivi_residual = "64,128,256";
@@ -321,7 +323,7 @@ TEST(Sweep, KiviValuesOnlyMatterForQuantisedCaches) {
   auto s = eval::expand_sweep(f);
   // fp32 ignores the group: once; int4 twice. Order: group outside storage.
   ASSERT_EQ(s.size(), 3u);
-  const auto labels = eval::short_labels(s);
+  const auto labels = spec_labels(s);
   EXPECT_EQ(labels, (std::vector<std::string>{"fp32", "int4 simple", "int4 G32 R128"}));
   EXPECT_EQ(s[0].kivi_group, 32);  // reset to the default where it does not apply
   // The residual does not matter to the simple scheme.
@@ -341,8 +343,8 @@ TEST(Sweep, KeyValueStoragesArePairedAndOverrideKvQuantize) {
   EXPECT_EQ(s[0].v_storage(), KVStorage::Int2);
   EXPECT_EQ(s[1].k_storage(), KVStorage::Int8);
   EXPECT_EQ(s[1].v_storage(), KVStorage::Int2);
-  EXPECT_EQ(eval::short_label(s[0]), "K int4 / V int2");
-  EXPECT_EQ(eval::short_labels(s)[1], "K int8 / V int2");
+  EXPECT_EQ(s[0].label(), "K int4 / V int2");
+  EXPECT_EQ(spec_labels(s)[1], "K int8 / V int2");
   // Both halves given: --kv-quantize makes no difference, one setting per pair.
   f.kv_quantize = "fp32,int4";
   EXPECT_EQ(eval::expand_sweep(f).size(), 2u);
@@ -351,20 +353,25 @@ TEST(Sweep, KeyValueStoragesArePairedAndOverrideKvQuantize) {
   f.kv_quantize_v = "";
   s = eval::expand_sweep(f);
   ASSERT_EQ(s.size(), 2u);
-  EXPECT_EQ(eval::short_label(s[0]), "K int4 / V fp32");
-  EXPECT_EQ(eval::short_label(s[1]), "int4");
+  EXPECT_EQ(s[0].label(), "K int4 / V fp32");
+  EXPECT_EQ(s[1].label(), "int4");
   f.kivi_group = "0";
-  EXPECT_EQ(eval::short_labels(eval::expand_sweep(f))[0], "K int4 / V fp32 simple");
+  EXPECT_EQ(spec_labels(eval::expand_sweep(f))[0], "K int4 / V fp32 simple");
   f.kv_quantize_k = "int4,int8,int2";
   f.kv_quantize_v = "int2,int4";
   EXPECT_THROW(eval::expand_sweep(f), Error);  // 3 keys, 2 values
 }
 
+// The error as the CLI prints it (app/cache_flags.cc maps fields to flags the same way).
 std::string sweep_error(const eval::SweepFlags& f) {
+  const std::map<std::string, std::string> flag = {
+      {"quantize", "--kv-quantize"},        {"quantize_k", "--kv-quantize-k"},     {"quantize_v", "--kv-quantize-v"},
+      {"sink", "--streaming-llm-sink"},     {"window", "--streaming-llm-window"}, {"rope", "--streaming-llm-rope"},
+      {"kivi_group", "--kivi-group"},       {"kivi_residual", "--kivi-residual"}};
   try {
     eval::expand_sweep(f);
-  } catch (const Error& e) {
-    return e.what();
+  } catch (const CacheSpecError& e) {
+    return e.issue().message([&](std::string_view field) { return flag.at(std::string(field)); });
   }
   return "(no error)";
 }
@@ -382,7 +389,7 @@ TEST(Sweep, BadKiviValuesNameTheFlag) {
   EXPECT_EQ(sweep_error(f), "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2");
   f = {};
   f.kv_quantize_v = "int4,";
-  EXPECT_NE(sweep_error(f).find("--kv-quantize-v \"int4,\": empty entry"), std::string::npos) << sweep_error(f);
+  EXPECT_NE(sweep_error(f).find("--kv-quantize-v \"int4,\": expected no empty entry"), std::string::npos) << sweep_error(f);
   f = {};
   f.kivi_group = "32,x";
   EXPECT_NE(sweep_error(f).find("--kivi-group \"32,x\": expected a comma-separated list of integers >= 0"),
@@ -393,7 +400,8 @@ TEST(Sweep, BadKiviValuesNameTheFlag) {
   f = {};
   f.kivi_group = "16,32,64";
   f.kivi_residual = "64,128";
-  EXPECT_NE(sweep_error(f).find("--kivi-group has 3 values and --kivi-residual 2"), std::string::npos);
+  EXPECT_NE(sweep_error(f).find("--kivi-group has 3 values: expected as many as --kivi-residual (2)"), std::string::npos)
+      << sweep_error(f);
 }
 
 TEST(Sweep, SettingJsonHasKiviFields) {
@@ -404,36 +412,20 @@ TEST(Sweep, SettingJsonHasKiviFields) {
   auto s = eval::expand_sweep(f);
   // Group 0: K fp32 / V int2 and K int4 / V int2, simple; group 32: the same two, grouped (V int2 is quantised).
   ASSERT_EQ(s.size(), 4u);
-  const auto labels = eval::short_labels(s);
-  const auto j0 = eval::setting_json(s[0], labels[0]);
-  EXPECT_EQ(j0["label"], labels[0]);
-  EXPECT_EQ(j0["kv_quantize_k"], "fp32");
-  EXPECT_EQ(j0["kv_quantize_v"], "int2");
+  const auto j0 = s[0].to_json();
+  EXPECT_EQ(j0["quantize_k"], "fp32");
+  EXPECT_EQ(j0["quantize_v"], "int2");
   EXPECT_EQ(j0["kivi_group"], 0);
   EXPECT_TRUE(j0["kivi_residual"].is_null());  // no residual in the simple scheme
-  const auto j2 = eval::setting_json(s.back(), labels.back());
+  const auto j2 = s.back().to_json();
   EXPECT_EQ(j2["kivi_group"], 32);
   EXPECT_EQ(j2["kivi_residual"], 128);
-  EXPECT_EQ(j2["rope"], "n/a");
-  const auto plain = eval::setting_json(CacheOptions{}, "fp32");
-  EXPECT_TRUE(plain["kivi_group"].is_null());
+  EXPECT_TRUE(j2["rope"].is_null());  // unbounded: RoPE mode does not apply
+  EXPECT_TRUE(CacheSpec{}.to_json()["kivi_group"].is_null());
 }
 
-struct CliResult {
-  int status;
-  std::string out;
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using test::CliResult;
+CliResult run_cli(const std::string& args) { return test::run_cli(args + " 2>&1"); }
 
 void expect_cli_error(const std::string& args, const std::string& needle) {
   CliResult r = run_cli(args);
@@ -490,7 +482,8 @@ TEST(Cli, EvalKiviFlagsRejectBadValuesWithOneLine) {
              {" --kv-quantize-k int5", "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2"},
              {" --kv-quantize-v int4,bf8", "--kv-quantize-v bf8: expected one of"},
              {" --kivi-group 0,x", "--kivi-group \"0,x\": expected a comma-separated list of integers >= 0"},
-             {" --kivi-group 16,32,64 --kivi-residual 64,128", "--kivi-group has 3 values and --kivi-residual 2"}}) {
+             {" --kivi-group 16,32,64 --kivi-residual 64,128",
+              "--kivi-group has 3 values: expected as many as --kivi-residual (2)"}}) {
       expect_cli_error(cmd + args, needle);
       const CliResult r = run_cli(cmd + args);
       EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;  // one line
@@ -513,11 +506,12 @@ TEST(Cli, PerplexityKiviGroupListGivesTwoRows) {
   const auto& grouped = j["results"][1];
   EXPECT_EQ(simple["label"], "int4 simple");
   EXPECT_EQ(grouped["label"], "int4 G32 R128");
-  EXPECT_EQ(simple["kivi_group"], 0);
-  EXPECT_EQ(grouped["kivi_group"], 32);
-  EXPECT_EQ(grouped["kivi_residual"], 128);
-  EXPECT_EQ(simple["kv_quantize_k"], "int4");
-  EXPECT_NE(simple["setting"].get<std::string>().find("simple scheme"), std::string::npos) << simple["setting"];
+  EXPECT_EQ(simple["kv_cache"]["kivi_group"], 0);
+  EXPECT_EQ(grouped["kv_cache"]["kivi_group"], 32);
+  EXPECT_EQ(grouped["kv_cache"]["kivi_residual"], 128);
+  EXPECT_EQ(simple["kv_cache"]["quantize_k"], "int4");
+  EXPECT_NE(simple["kv_cache"]["description"].get<std::string>().find("simple scheme"), std::string::npos)
+      << simple["kv_cache"];
   const double p_simple = simple["through_cache"]["ppl"], p_grouped = grouped["through_cache"]["ppl"];
   EXPECT_NE(p_simple, p_grouped);
   r = run_cli(base + " --json 2>/dev/null");
@@ -548,7 +542,7 @@ TEST(Cli, CompareKiviGroupListGivesTwoSettings) {
   ASSERT_EQ(j["settings"].size(), 2u) << r.out;
   EXPECT_EQ(j["settings"][0]["label"], "int4 simple");
   EXPECT_EQ(j["settings"][1]["label"], "int4 G32 R128");
-  EXPECT_EQ(j["settings"][1]["kivi_residual"], 128);
+  EXPECT_EQ(j["settings"][1]["kv_cache"]["kivi_residual"], 128);
 }
 
 }  // namespace

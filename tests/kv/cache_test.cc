@@ -8,7 +8,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
 #include "model/model.h"
@@ -29,16 +29,9 @@ const Model& flagship() {
   return *m;
 }
 
-CacheOptions opts(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
-                  int64_t group = CacheOptions{}.kivi_group, int64_t residual = CacheOptions{}.kivi_residual) {
-  CacheOptions o;
-  o.storage = s;
-  o.kivi_group = group;
-  o.kivi_residual = residual;
-  o.sink = sink;
-  o.window = window;
-  o.rope_mode = r;
-  return o;
+CacheSpec opts(KVStorage s, int64_t sink = 0, int64_t window = 0, RopeMode r = RopeMode::Reposition,
+               int64_t group = CacheSpec{}.kivi_group, int64_t residual = CacheSpec{}.kivi_residual) {
+  return test::cache_spec(s, sink, window, r, group, residual);
 }
 
 // Reference sequences: prompt ids followed by transformers' greedy tokens.
@@ -390,47 +383,7 @@ TEST(CacheBytes, GroupedFormula) {
     }
 }
 
-// ---------------------------------------------------------------------------
-void expect_error(const CacheOptions& o, const std::string& needle) {
-  try {
-    validate(o);
-    ADD_FAILURE() << "no error for " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
-TEST(CacheOptions, BadInputNamesTheFlag) {
-  expect_error(opts(KVStorage::F32, -1, 10), "--streaming-llm-sink -1");
-  expect_error(opts(KVStorage::F32, 0, -3), "--streaming-llm-window -3");
-  expect_error(opts(KVStorage::F32, 4, 0), "--streaming-llm-sink 4 needs --streaming-llm-window");
-  try {
-    parse_storage("int3");
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--kv-quantize int3: expected one of fp32, fp16, bf16, int8, int4, int2"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_THROW(parse_rope_mode("relative"), Error);
-  // KIVI grouping: residual a multiple of the group, no negative values, spelling of int2.
-  expect_error(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, 100), "--kivi-residual 100: expected a multiple of --kivi-group 32");
-  expect_error(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, -1, 0), "--kivi-group -1");
-  expect_error(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, -32), "--kivi-residual -32");
-  validate(opts(KVStorage::Int4, 0, 0, RopeMode::Reposition, 0, 100));  // group 0: simple scheme, residual unused
-  EXPECT_EQ(parse_storage("int2"), KVStorage::Int2);
-  for (const char* bad : {"INT2", "i2", "2bit", "int 2"}) {
-    try {
-      parse_storage(bad, "--kv-quantize-v");
-      ADD_FAILURE() << bad;
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("--kv-quantize-v ", 0), 0u) << e.what();
-    }
-  }
-  EXPECT_EQ(parse_storage("int4"), KVStorage::Int4);
-  validate(opts(KVStorage::Int8, 0, 16));  // window without sinks: a plain sliding window, allowed
-  EXPECT_NE(describe(opts(KVStorage::Int8, 4, 252)).find("sink 4 + window 252"), std::string::npos);
-}
+// CacheSpec parsing, validation and JSON: cache_spec_test.cc.
 
 }  // namespace
 }  // namespace ptllm

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/grouped_store.h"
 #include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
@@ -136,7 +136,7 @@ TEST(GroupedKivi, EvictionAcrossGroupBoundariesKeepsBoundAndValues) {
   const int64_t N = 3, M = 37, row = s.n_kv_heads * s.head_dim;
   std::mt19937 rng(4);
   for (int64_t G : {4, 8, 5}) {
-    CacheOptions o;
+    CacheSpec o;
     o.storage = KVStorage::Int4;
     o.sink = N;
     o.window = M;
@@ -254,7 +254,7 @@ TEST(GroupedKivi, FusedAttentionEqualsDequantiseThenAttend) {
     s.head_dim = head_dim;
     s.capacity = 120;
     s.sliding_window = c.model_window;
-    CacheOptions o;
+    CacheSpec o;
     o.key_storage = c.k;
     o.value_storage = c.v;
     o.sink = c.sink;
@@ -298,11 +298,11 @@ TEST(GroupedKivi, AsymmetricKeyValueSettings) {
   s.n_kv_heads = 2;
   s.head_dim = 32;
   s.capacity = 200;
-  CacheOptions o;
+  CacheSpec o;
   o.storage = KVStorage::Int8;
   o.key_storage = KVStorage::Int4;
   o.value_storage = KVStorage::Int2;
-  const std::string d = describe(o);
+  const std::string d = o.describe();
   EXPECT_NE(d.find("K int4"), std::string::npos) << d;
   EXPECT_NE(d.find("V int2"), std::string::npos) << d;
   auto cache = make_cache(s, o);
@@ -314,7 +314,7 @@ TEST(GroupedKivi, AsymmetricKeyValueSettings) {
   EXPECT_EQ(cache->payload_bytes(), size_t(2 * (r * 32 * 4 * 2 + Q * 16 + Q * 8)));
   EXPECT_EQ(cache->scale_bytes(), size_t(2 * ((Q / 32) * 32 * 4 + Q * 4)));
   // Only the overridden side changes: K fp16 + V from --kv-quantize int8.
-  CacheOptions o2;
+  CacheSpec o2;
   o2.storage = KVStorage::Int8;
   o2.key_storage = KVStorage::F16;
   EXPECT_EQ(o2.k_storage(), KVStorage::F16);

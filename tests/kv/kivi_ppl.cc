@@ -25,14 +25,11 @@ int main(int argc, char** argv) try {
   }
   const std::string mode = argv[2];
   const int64_t n = std::atoll(argv[3]);
-  CacheOptions o;
-  o.key_storage = parse_storage(argv[4], "K");
-  o.value_storage = parse_storage(argv[5], "V");
-  o.kivi_group = std::atoll(argv[6]);
-  o.kivi_residual = std::atoll(argv[7]);
-  o.sink = std::atoll(argv[8]);
-  o.window = std::atoll(argv[9]);
-  validate(o);
+  CacheSpec o;
+  const char* fields[] = {"quantize_k", "quantize_v", "kivi_group", "kivi_residual", "sink", "window"};
+  for (int i = 0; i < 6; ++i)
+    if (auto issue = o.set(fields[i], argv[4 + i])) throw CacheSpecError(*issue);
+  o.check();
   std::vector<std::string> files(argv + 10, argv + argc);
   LoadedModel lm = load_model(argv[1]);
   const int32_t eos = lm.eos_ids.empty() ? -1 : lm.eos_ids[0];
@@ -45,7 +42,7 @@ int main(int argc, char** argv) try {
   }
   const auto r = mode == "stream" ? eval::score_streams(*lm.model, work, o)
                                   : eval::score_windows(*lm.model, work, eval::Path::Cache, o);
-  fmt::print("{}\tppl {:.4f}\tpredictions {}\tmax_cache_bytes {}\t{:.1f} tok/s\n", describe(o), r.total.ppl(),
+  fmt::print("{}\tppl {:.4f}\tpredictions {}\tmax_cache_bytes {}\t{:.1f} tok/s\n", o.describe(), r.total.ppl(),
              r.total.count, r.max_cache_bytes, r.tokens_per_second());
   return 0;
 } catch (const std::exception& e) {

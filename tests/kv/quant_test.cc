@@ -8,7 +8,7 @@
 #include <random>
 #include <type_traits>
 
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/quant.h"
 #include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
@@ -231,7 +231,7 @@ TEST(KiviQuant, QuantisedCacheAttendsOverDequantisedFloats) {
   std::mt19937 rng(3);
   std::normal_distribution<float> d(0.f, 1.f);
   for (KVStorage st : {KVStorage::Int8, KVStorage::Int4}) {
-    CacheOptions o;
+    CacheSpec o;
     o.storage = st;
     auto cache = make_cache(s, o);
     auto& sc = dynamic_cast<StorageKVCache&>(*cache);

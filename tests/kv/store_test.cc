@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kv/cache_options.h"
+#include "kv/cache_spec.h"
 #include "kv/kv_store.h"
 
 namespace ptllm {
@@ -44,7 +44,7 @@ TEST(StoreAttention, ScoresAndSumsAreThoseOfTheStoredRows) {
     }
   for (const Case& c : cases)
     for (bool key : {true, false}) {
-      CacheOptions o;
+      CacheSpec o;
       o.storage = c.storage;
       o.kivi_group = c.group;
       o.kivi_residual = c.group > 0 ? 8 : 0;

@@ -27,10 +27,10 @@ class FakeBackend : public Backend {
     bool prefilled() const override { return fed == int64_t(prompt.size()); }
     int64_t prompt_remaining() const override { return int64_t(prompt.size()) - fed; }
   };
-  size_t reservation_bytes(const CacheOptions& o) override { return o.window > 0 ? size_t(o.window) * 10 : 1000; }
+  size_t reservation_bytes(const CacheSpec& o) override { return o.window > 0 ? size_t(o.window) * 10 : 1000; }
   int64_t context_length() const override { return 512; }
   bool is_eos(int32_t id) const override { return id == kEos; }
-  std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheOptions&, const SamplerConfig&) override {
+  std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheSpec&, const SamplerConfig&) override {
     auto s = std::make_unique<Seq>();
     s->prompt = std::move(prompt);
     ++live;
@@ -276,7 +276,7 @@ const LoadedModel& stories() {
 }
 
 std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const SamplerConfig& sc,
-                                       const CacheOptions& co, int others) {
+                                       const CacheSpec& co, int others) {
   auto backend = make_engine_backend(stories());
   Scheduler s(*backend, config(size_t(1) << 30, 16));
   Record rec;
@@ -305,16 +305,16 @@ std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const
 
 TEST(ServeScheduler, BatchInvarianceWithTheEngine) {
   const std::vector<int32_t> prompt = stories().tokenizer->encode("Once upon a time", true);
-  CacheOptions bounded;
+  CacheSpec bounded;
   bounded.storage = KVStorage::Int4;
   bounded.sink = 4;
   bounded.window = 28;
   for (const SamplerConfig& sc : {SamplerConfig{0.0, 0, 1.0, 0}, SamplerConfig{1.0, 40, 0.9, 7}})
-    for (const CacheOptions& co : {CacheOptions{}, bounded}) {
+    for (const CacheSpec& co : {CacheSpec{}, bounded}) {
       const auto alone = run_alone_or_with(prompt, sc, co, 0);
       const auto crowd = run_alone_or_with(prompt, sc, co, 15);
       EXPECT_EQ(alone.size(), 48u);
-      EXPECT_EQ(alone, crowd) << "temperature " << sc.temperature << ", " << describe(co);
+      EXPECT_EQ(alone, crowd) << "temperature " << sc.temperature << ", " << co.describe();
     }
 }
 
@@ -331,15 +331,15 @@ TEST(ServeScheduler, GreedyMatchesSession) {
     ref.push_back(id);
     return true;
   });
-  EXPECT_EQ(run_alone_or_with(prompt, SamplerConfig{}, CacheOptions{}, 3), ref);
+  EXPECT_EQ(run_alone_or_with(prompt, SamplerConfig{}, CacheSpec{}, 3), ref);
 }
 
 TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
   const Model& m = *stories().model;
   // stories260K: 5 layers, 4 KV heads x head_dim 8, context 512. K and V.
   const size_t per_token_f32 = 2 * 5 * 4 * 8 * sizeof(float);
-  EXPECT_EQ(full_cache_bytes(m, CacheOptions{}), per_token_f32 * 512);
-  CacheOptions b;
+  EXPECT_EQ(full_cache_bytes(m, CacheSpec{}), per_token_f32 * 512);
+  CacheSpec b;
   b.storage = KVStorage::F16;
   b.sink = 4;
   b.window = 252;
@@ -347,7 +347,7 @@ TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
   // A quantised bounded cache: less than its fp16 twin, and at least what a
   // cache run far past its window holds at any point. (With a window not much
   // larger than the residual, a KIVI cache can be all full-precision rows.)
-  CacheOptions q = b;
+  CacheSpec q = b;
   q.storage = KVStorage::Int4;
   q.kivi_residual = 32;
   const size_t reserve = full_cache_bytes(m, q);

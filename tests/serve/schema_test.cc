@@ -12,7 +12,7 @@ using nlohmann::json;
 
 ApiError completion_error(const std::string& body) {
   try {
-    parse_completion(parse_body(body), CacheOptions{}, 512);
+    parse_completion(parse_body(body), CacheSpec{}, 512);
   } catch (const ApiError& e) {
     return e;
   }
@@ -81,7 +81,7 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
 }
 
 TEST(ServeSchema, GoodCompletionRequest) {
-  CacheOptions defaults;
+  CacheSpec defaults;
   defaults.storage = KVStorage::BF16;
   const auto r = parse_completion(parse_body(R"({"model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0,
       "top_p": 0.9, "top_k": 5, "seed": 42, "stop": ["\n", "The"], "stream": true, "ignore_eos": true,
@@ -111,23 +111,23 @@ TEST(ServeSchema, GoodCompletionRequest) {
 }
 
 TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
-  CacheOptions defaults;
+  CacheSpec defaults;
   defaults.storage = KVStorage::Int8;
   defaults.sink = 4;
   defaults.window = 60;
-  const CacheOptions o = parse_kv_cache(json{{"quantize_v", "int2"}}, defaults);
+  const CacheSpec o = parse_kv_cache(json{{"quantize_v", "int2"}}, defaults);
   EXPECT_EQ(o.k_storage(), KVStorage::Int8);
   EXPECT_EQ(o.v_storage(), KVStorage::Int2);
   EXPECT_EQ(o.sink, 4);
   EXPECT_EQ(o.window, 60);
-  const CacheOptions u = parse_kv_cache(json{{"sink", 0}, {"window", 0}}, defaults);
+  const CacheSpec u = parse_kv_cache(json{{"sink", 0}, {"window", 0}}, defaults);
   EXPECT_FALSE(u.streaming());
 }
 
 TEST(ServeSchema, ChatRequest) {
   const auto r = parse_chat(parse_body(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
                                           "max_tokens": 3})"),
-                            CacheOptions{});
+                            CacheSpec{});
   EXPECT_EQ(r.gen.max_tokens, 9);  // the newer name wins
   EXPECT_EQ(r.messages.size(), 1u);
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -142,7 +142,7 @@ TEST(ServeSchema, ChatRequest) {
   };
   for (const auto& [body, param] : cases) {
     try {
-      parse_chat(parse_body(body), CacheOptions{});
+      parse_chat(parse_body(body), CacheSpec{});
       ADD_FAILURE() << "accepted: " << body;
     } catch (const ApiError& e) {
       EXPECT_EQ(e.status, 400);

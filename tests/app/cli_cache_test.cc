@@ -13,21 +13,8 @@
 namespace ptllm {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+using Result = test::CliResult;
+Result run(const std::string& args) { return test::run_cli(args); }
 
 const std::string kStories = test::repo_dir() + "/models/stories260K";
 
@@ -42,8 +29,11 @@ TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
   expect_error("--kv-quantize int3", "--kv-quantize: got int3, expected one of fp32, fp16, bf16, int8, int4");
   expect_error("--streaming-llm-sink -1 --streaming-llm-window 8", "--streaming-llm-sink: got -1");
   expect_error("--streaming-llm-window -2", "--streaming-llm-window: got -2");
-  expect_error("--streaming-llm-window 0", "--streaming-llm-window: got 0, expected an integer >= 1");
-  expect_error("--streaming-llm-sink 4", "--streaming-llm-sink 4 needs --streaming-llm-window");
+  // Window 0 means unbounded in every command (README), so sinks need a window >= 1.
+  expect_error("--streaming-llm-sink 4", "--streaming-llm-sink 4: expected 0 when --streaming-llm-window is 0");
+  expect_error("--streaming-llm-sink 4 --streaming-llm-window 0",
+               "--streaming-llm-sink 4: expected 0 when --streaming-llm-window is 0");
+  expect_error("--streaming-llm-window x", "--streaming-llm-window: got x, expected an integer >= 0 (0 = unbounded)");
   expect_error("--streaming-llm-rope relative", "--streaming-llm-rope: got relative");
   // Grouped KIVI, int2 and asymmetric K/V flags.
   expect_error("--kv-quantize INT2", "--kv-quantize: got INT2, expected one of fp32, fp16, bf16, int8, int4, int2");
@@ -53,6 +43,16 @@ TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
   expect_error("--kivi-residual -8", "--kivi-residual: got -8");
   expect_error("--kv-quantize int4 --kivi-group 32 --kivi-residual 100",
                "--kivi-residual 100: expected a multiple of --kivi-group 32");
+}
+
+// --streaming-llm-window 0 is the unbounded cache, as in the sweeps of perplexity/compare.
+TEST(CacheFlags, WindowZeroIsUnbounded) {
+  Result r = run("sample " + kStories + " -p hi -n 2 --seed 1 --threads 1 --json --streaming-llm-window 0 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto kv = nlohmann::json::parse(r.out)["stats"]["kv_cache"];
+  EXPECT_EQ(kv["window"], 0);
+  EXPECT_EQ(kv["bounded"], false);
+  EXPECT_TRUE(kv["rope"].is_null());
 }
 
 // stories260K has a 512-token context: unbounded stops there with a note,
@@ -72,6 +72,14 @@ TEST(CacheFlags, BoundedCacheGeneratesPastTheContext) {
     EXPECT_GT(j["stats"]["position"].get<int64_t>(), 512);
     for (auto& s : j["stats"]["stored_tokens_per_layer"]) EXPECT_LE(s.get<int64_t>(), 64);
     EXPECT_GT(j["stats"]["kv_cache_payload_bytes"].get<int64_t>(), 0);
+    // The settings as the one cache JSON object (kv/cache_spec.h), every field.
+    const auto& kv = j["stats"]["kv_cache"];
+    EXPECT_EQ(kv["quantize"], q);
+    EXPECT_EQ(kv["sink"], 4);
+    EXPECT_EQ(kv["window"], 60);
+    EXPECT_EQ(kv["rope"], "reposition");
+    EXPECT_EQ(kv["bounded"], true);
+    EXPECT_TRUE(kv.contains("kivi_group") && kv.contains("quantize_k") && kv.contains("label")) << kv;
   }
 }
 

@@ -13,21 +13,11 @@
 namespace ptllm {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;  // stdout + stderr
-};
+using Result = test::CliResult;
 
 // Runs the CLI; stderr is merged into the captured output unless stdout_only.
 Result run(const std::string& args, bool stdout_only = false) {
-  const std::string cmd = std::string(PTLLM_CLI) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+  return test::run_cli(args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
 }
 
 const std::string kStories = test::repo_dir() + "/models/stories260K";
@@ -123,9 +113,16 @@ TEST(Cli, CacheTableKiviFlags) {
   ASSERT_EQ(small_residual.status, 0) << small_residual.out;
   const auto jg = nlohmann::json::parse(grouped.out), js = nlohmann::json::parse(simple.out),
              jr = nlohmann::json::parse(small_residual.out);
-  EXPECT_EQ(jg["kivi_group"], 32);
-  EXPECT_EQ(js["kivi_group"], 0);
-  EXPECT_TRUE(js["kivi_residual"].is_null());
+  // Each column's settings as the one cache JSON object.
+  const auto int4_column = [](const nlohmann::json& j) {
+    for (const auto& c : j["columns"])
+      if (c["label"].get<std::string>().rfind("int4", 0) == 0) return c;
+    return nlohmann::json();
+  };
+  EXPECT_EQ(int4_column(jg)["kivi_group"], 32);
+  EXPECT_EQ(int4_column(js)["kivi_group"], 0);
+  EXPECT_TRUE(int4_column(js)["kivi_residual"].is_null());
+  EXPECT_TRUE(int4_column(js).contains("window"));
   EXPECT_LT(int4_total(js), int4_total(jg));
   EXPECT_LT(int4_total(jr), int4_total(jg));
   EXPECT_EQ(js["rows"][0]["fp32"], jg["rows"][0]["fp32"]);  // unquantised columns do not change

@@ -1,0 +1,55 @@
+// Throughput of the decode loop, llama-bench style (the `bench` command).
+//
+// Each repeat builds a fresh cache, times one prefill of prompt_tokens, then
+// times gen_tokens single-token steps. With depth D the steps are timed after
+// the cache already holds D tokens (the fill itself is not timed), so decode
+// speed at a given context is visible. Tokens are deterministic pseudo-random
+// ids: speed does not depend on them. One untimed warm-up repeat comes first
+// unless !warmup (page faults of the mmapped weights, cache warm-up).
+//
+// Interleaved: one cache per depth, each filled untimed to its depth; then
+// `repeat` rounds in which every cache in turn decodes gen_tokens timed
+// tokens. Alternating the caches within one process cancels the drift of a
+// shared machine, which a 1k-vs-100k comparison of separate runs cannot.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kv/cache_spec.h"
+#include "model/model.h"
+
+namespace ptllm {
+
+struct MeanSd {
+  double mean = 0, sd = 0;  // sample standard deviation
+};
+MeanSd mean_sd(const std::vector<double>& v);
+
+struct BenchOptions {
+  int64_t prompt_tokens = 512, gen_tokens = 128, repeat = 5, depth = 0;
+  bool warmup = true;
+};
+
+struct BenchResult {
+  // Tokens per wall-second and per CPU-second of each timed repeat: on a
+  // shared machine a single-threaded run's CPU rate is what an idle core gives.
+  std::vector<double> prefill_tps, prefill_cpu_tps, decode_tps, decode_cpu_tps;
+  std::string cache_description;  // of the decode cache, at the end
+  size_t cache_bytes = 0;         // held by the decode cache at the end
+  size_t step_weight_bytes = 0;   // weights one decode step reads (Model::step_weight_bytes)
+  int64_t capacity = 0;           // tokens an unbounded cache was sized for
+};
+// Throws Error naming the option on bad values.
+BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOptions& o);
+
+struct InterleavedDepth {
+  int64_t depth = 0;
+  std::vector<double> tps;  // one per timed round
+  int64_t stored_at_end = 0;
+  size_t cache_bytes_at_end = 0;
+};
+std::vector<InterleavedDepth> run_interleaved(const Model& model, const CacheSpec& spec,
+                                              const std::vector<int64_t>& depths, int64_t gen, int64_t repeat);
+
+}  // namespace ptllm

@@ -1,0 +1,103 @@
+#include "engine/decoder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ptllm {
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A NaN/Inf in the logits would otherwise be sampled silently (the sampler
+// then picks an arbitrary id); one pass over [vocab] per step is cheap next
+// to the forward itself. `position` is that of the token just run.
+void check_finite(const float* logits, int64_t vocab, int64_t position) {
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isfinite(logits[i])) fail("non-finite logits at position {}", position);
+}
+}  // namespace
+
+int64_t CacheState::max_stored() const { return stored.empty() ? 0 : *std::max_element(stored.begin(), stored.end()); }
+
+CacheState cache_state(const KVCache& c) {
+  CacheState s;
+  s.position = c.position();
+  for (int64_t l = 0; l < c.shape().n_layers; ++l) s.stored.push_back(c.stored(l));
+  s.payload_bytes = c.payload_bytes();
+  s.scale_bytes = c.scale_bytes();
+  s.bounded = c.bounded();
+  return s;
+}
+
+Decoder::Decoder(const Model& model, std::unique_ptr<KVCache> cache)
+    : model_(model), cache_(std::move(cache)), logits_(size_t(model.config().vocab_size)) {
+  if (!cache_) fail("Decoder: no cache");
+}
+
+void Decoder::prefill(std::span<const int32_t> ids, const ChunkLogits& on_chunk, int64_t max_chunk) {
+  if (ids.empty()) fail("the prompt is empty (nothing to condition on)");
+  const int64_t n = int64_t(ids.size()), V = model_.config().vocab_size;
+  if (!cache_->bounded() && n > cache_->room())
+    fail("prompt has {} tokens, longer than the context of {} tokens", n,
+         std::min<int64_t>(cache_->room(), model_.config().max_position));
+  const auto t0 = Clock::now();
+  std::vector<float> all;
+  for (int64_t off = 0; off < n;) {
+    int64_t chunk = std::min<int64_t>(n - off, std::max<int64_t>(cache_->room(), 1));
+    if (max_chunk > 0) chunk = std::min(chunk, max_chunk);
+    if (on_chunk) {
+      all.resize(size_t(chunk * V));
+      model_.forward(ids.data() + off, chunk, *cache_, all.data(), /*all_logits=*/true);
+      on_chunk(off, chunk, all.data());
+      if (off + chunk == n) std::copy_n(all.data() + (chunk - 1) * V, V, logits_.data());
+    } else {
+      model_.forward(ids.data() + off, chunk, *cache_, logits_.data(), /*all_logits=*/false);
+    }
+    off += chunk;
+  }
+  check_finite(logits_.data(), V, cache_->position() - 1);
+  timing_.prefill_tokens += n;
+  timing_.prefill_seconds += since(t0);
+}
+
+const std::vector<float>& Decoder::step(int32_t id) {
+  if (!can_step()) fail("the cache ({}) is full after {} tokens", cache_->describe(), cache_->position());
+  const auto t0 = Clock::now();
+  model_.forward(&id, 1, *cache_, logits_.data(), /*all_logits=*/false);
+  check_finite(logits_.data(), int64_t(logits_.size()), cache_->position() - 1);
+  timing_.decode_tokens += 1;
+  timing_.decode_seconds += since(t0);
+  return logits_;
+}
+
+size_t Decoder::step_bytes() const {
+  return model_.step_weight_bytes() + cache_->payload_bytes() + cache_->scale_bytes();
+}
+
+void step_batch(std::span<Decoder* const> seqs, std::span<const int32_t> ids) {
+  if (seqs.size() != ids.size()) fail("step_batch: {} sequences but {} ids", seqs.size(), ids.size());
+  if (seqs.empty()) return;
+  const Model& model = seqs[0]->model_;
+  const int64_t B = int64_t(seqs.size()), V = model.config().vocab_size;
+  std::vector<KVCache*> caches;
+  for (Decoder* d : seqs) {
+    if (&d->model_ != &model) fail("step_batch: the sequences belong to different models");
+    caches.push_back(d->cache_.get());
+  }
+  const auto t0 = Clock::now();
+  std::vector<float> logits(size_t(B * V));  // [B, vocab]
+  model.forward_batch(ids.data(), B, caches.data(), logits.data());
+  const double s = since(t0);
+  for (int64_t b = 0; b < B; ++b) {
+    Decoder& d = *seqs[size_t(b)];
+    std::copy_n(logits.data() + b * V, V, d.logits_.data());
+    check_finite(d.logits_.data(), V, d.cache_->position() - 1);
+    d.timing_.decode_tokens += 1;
+    d.timing_.decode_seconds += s;
+  }
+}
+
+}  // namespace ptllm

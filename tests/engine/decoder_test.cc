@@ -1,0 +1,220 @@
+// The decode API (engine/decoder.h): chunked prefill, single steps, and
+// step_batch over independent sequences through Model::forward_batch.
+//
+// Batch invariance is exact: a sequence's logits stepped in a batch of 16 are
+// compared with EXPECT_EQ (bit for bit) against the same sequence stepped
+// alone, at every SIMD level, for an fp32 cache and an int4 StreamingLLM cache
+// that evicts during the test, on stories260K (f32 and f16 weights, GQA),
+// flagship-27m (bf16), the YOCO fixture (a shared global K/V layer) and the
+// Qwen2 fixture (q/k/v biases).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
+#include "core/error.h"
+#include "engine/decoder.h"
+#include "engine/session.h"
+#include "model/convert.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+
+constexpr int kBatch = 16;
+constexpr int kSteps = 12;
+
+CacheSpec fp32_spec() { return CacheSpec{}; }
+CacheSpec int4_streaming_spec() {
+  CacheSpec s;
+  s.storage = KVStorage::Int4;
+  s.sink = 2;
+  s.window = 14;  // prompts of up to 20 tokens + 12 steps: evicts on the way
+  s.kivi_group = 4;
+  s.kivi_residual = 8;
+  return s;
+}
+
+// Sequence b: a prompt of 3 + b % 7 pseudo-random ids, and the ids it is fed
+// afterwards (fixed, so a sequence sees the same tokens alone and batched).
+std::vector<int32_t> ids_for(int b, int64_t n, int64_t vocab, uint32_t salt) {
+  std::vector<int32_t> ids;
+  uint32_t x = 2654435761u * uint32_t(b + 1) + salt;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    ids.push_back(int32_t(1 + (x >> 8) % uint32_t(vocab - 1)));
+  }
+  return ids;
+}
+
+std::unique_ptr<Decoder> start(const Model& m, const CacheSpec& spec, int b) {
+  auto d = std::make_unique<Decoder>(m, make_model_cache(m, spec, 64));
+  d->prefill(ids_for(b, 3 + b % 7, m.config().vocab_size, 7));
+  return d;
+}
+
+// Steps every sequence alone and all of them batched; the logits must agree bit for bit.
+void expect_batch_invariant(const Model& m, const CacheSpec& spec) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<std::vector<std::vector<float>>> alone(kBatch);  // [b][step] -> logits
+  for (int b = 0; b < kBatch; ++b) {
+    auto d = start(m, spec, b);
+    for (int32_t id : ids_for(b, kSteps, V, 99)) alone[size_t(b)].push_back(d->step(id));
+  }
+  std::vector<std::unique_ptr<Decoder>> seqs;
+  std::vector<Decoder*> ptrs;
+  for (int b = 0; b < kBatch; ++b) {
+    seqs.push_back(start(m, spec, b));
+    ptrs.push_back(seqs.back().get());
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<int32_t> ids;
+    for (int b = 0; b < kBatch; ++b) ids.push_back(ids_for(b, kSteps, V, 99)[size_t(t)]);
+    step_batch(ptrs, ids);
+    for (int b = 0; b < kBatch; ++b) {
+      const std::vector<float>& got = seqs[size_t(b)]->logits();
+      const std::vector<float>& want = alone[size_t(b)][size_t(t)];
+      ASSERT_EQ(got.size(), size_t(V));
+      int64_t diff = 0;
+      for (int64_t i = 0; i < V; ++i) diff += got[size_t(i)] != want[size_t(i)];
+      EXPECT_EQ(diff, 0) << "sequence " << b << " step " << t << ": " << diff << " logits differ, first "
+                         << got[0] << " vs " << want[0];
+    }
+  }
+  for (int b = 0; b < kBatch; ++b) {
+    EXPECT_EQ(seqs[size_t(b)]->cache().position(), 3 + b % 7 + kSteps);
+    EXPECT_EQ(seqs[size_t(b)]->timing().decode_tokens, kSteps);
+  }
+  if (spec.streaming())  // the bound really evicted
+    EXPECT_EQ(seqs.back()->cache().stored(0), spec.sink + spec.window);
+}
+
+void for_each_level(const std::function<void()>& fn) {
+  const ops::SimdLevel keep = ops::simd_level();
+  for (auto level : {ops::SimdLevel::Scalar, ops::SimdLevel::Avx2, ops::SimdLevel::Avx512}) {
+    if (int(level) > int(ops::best_simd_level())) continue;
+    SCOPED_TRACE(std::string(ops::simd_level_name(level)));
+    ops::set_simd_level(level);
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("threads " + std::to_string(threads));
+      ops::set_num_threads(threads);
+      fn();
+    }
+  }
+  ops::set_simd_level(keep);
+  ops::set_num_threads(1);
+}
+
+TEST(BatchInvariance, Stories260K) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  for_each_level([&] {
+    expect_batch_invariant(*m, fp32_spec());
+    expect_batch_invariant(*m, int4_streaming_spec());
+  });
+}
+
+// f16 weights: on AVX2 the n-row product of ops::matmul_multi widens a row to
+// fp32 and reduces it in another order than the one-row dot (so a batch
+// through it would differ); matmul_rows must not.
+TEST(BatchInvariance, Stories260KF16) {
+  const std::string path = std::filesystem::temp_directory_path() / "ptllm_batch_stories_f16.tinygpt";
+  convert_hf_to_tinygpt(test::repo_dir() + "/models/stories260K", path, DType::F16);
+  auto m = Model::load_tinygpt(path, nullptr);
+  for_each_level([&] {
+    expect_batch_invariant(*m, fp32_spec());
+    expect_batch_invariant(*m, int4_streaming_spec());
+  });
+  std::filesystem::remove(path);
+}
+
+TEST(BatchInvariance, Flagship27mBf16) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/flagship-27m");
+  ops::set_num_threads(1);
+  expect_batch_invariant(*m, fp32_spec());
+  expect_batch_invariant(*m, int4_streaming_spec());
+}
+
+TEST(BatchInvariance, YocoFixture) {
+  auto m = Model::load_tinygpt(test::fixture("tinygpt/tiny-yoco.tinygpt"), nullptr);
+  for_each_level([&] {
+    expect_batch_invariant(*m, fp32_spec());
+    expect_batch_invariant(*m, int4_streaming_spec());
+  });
+}
+
+TEST(BatchInvariance, QkvBiasFixture) {
+  auto m = Model::load_hf(test::fixture("hf/qwen2-qkv-bias"));
+  for_each_level([&] { expect_batch_invariant(*m, int4_streaming_spec()); });
+}
+
+TEST(StepBatch, RejectsSharedOrFullCachesAndMismatchedIds) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  Decoder a(*m, make_model_cache(*m, CacheSpec{}, 4)), b(*m, make_model_cache(*m, CacheSpec{}, 4));
+  a.prefill(std::vector<int32_t>{1, 2});
+  b.prefill(std::vector<int32_t>{1});
+  std::vector<Decoder*> two = {&a, &b}, same = {&a, &a};
+  EXPECT_THROW(step_batch(two, std::vector<int32_t>{3}), Error);
+  EXPECT_THROW(step_batch(same, std::vector<int32_t>{3, 4}), Error);
+  EXPECT_THROW(step_batch(two, std::vector<int32_t>{3, 100000}), Error);  // outside the vocabulary
+  step_batch(two, std::vector<int32_t>{3, 4});
+  step_batch(two, std::vector<int32_t>{5, 6});  // a is now full (4 tokens)
+  EXPECT_FALSE(a.can_step());
+  EXPECT_THROW(step_batch(two, std::vector<int32_t>{7, 8}), Error);
+  EXPECT_THROW(a.step(7), Error);
+  EXPECT_EQ(b.cache().position(), 3);
+}
+
+// prefill feeds a bounded cache in chunks it can take and hands every token's
+// logits over once; the last chunk's last row is logits().
+TEST(Decoder, PrefillChunksToTheCacheAndReportsEveryToken) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  ops::set_num_threads(1);
+  CacheSpec spec;
+  spec.sink = 2;
+  spec.window = 6;
+  Decoder d(*m, make_model_cache(*m, spec, 64));
+  const int64_t V = m->config().vocab_size;
+  const auto ids = ids_for(0, 30, V, 5);
+  std::vector<int64_t> firsts;
+  int64_t seen = 0;
+  std::vector<float> last;
+  d.prefill(ids, [&](int64_t first, int64_t n, const float* logits) {
+    EXPECT_EQ(first, seen);
+    EXPECT_LE(n, 8);  // never more than the cache's 8 slots
+    firsts.push_back(first);
+    seen += n;
+    last.assign(logits + (n - 1) * V, logits + n * V);
+  });
+  EXPECT_EQ(seen, 30);
+  EXPECT_GT(firsts.size(), 1u);
+  EXPECT_EQ(last, d.logits());
+  EXPECT_EQ(d.cache().position(), 30);
+  EXPECT_EQ(d.cache().stored(0), 8);
+  EXPECT_EQ(d.timing().prefill_tokens, 30);
+  // The same ids without the callback give the same last logits (same chunks, same path).
+  Decoder e(*m, make_model_cache(*m, spec, 64));
+  e.prefill(ids);
+  EXPECT_EQ(e.logits(), d.logits());
+  // An unbounded cache that cannot hold the prompt, and an empty prompt, are errors.
+  Decoder small(*m, make_model_cache(*m, CacheSpec{}, 4));
+  EXPECT_THROW(small.prefill(ids), Error);
+  EXPECT_THROW(small.prefill(std::vector<int32_t>{}), Error);
+}
+
+// step_bytes: every weight but the untied embedding table (one row of it), plus the cache.
+TEST(Decoder, StepBytesAreWeightsPlusCache) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/flagship-27m");
+  const TensorView& e = m->tensors().get("model.embed_tokens.weight");
+  EXPECT_EQ(m->step_weight_bytes(), m->weight_bytes() - e.nbytes() + storage_bytes(e.dtype, size_t(e.cols())));
+  Decoder d(*m, make_model_cache(*m, CacheSpec{}, 8));
+  d.prefill(std::vector<int32_t>{1, 2, 3});
+  EXPECT_EQ(d.step_bytes(), m->step_weight_bytes() + d.cache().payload_bytes());
+  // Tied embeddings: the table is the output head, read whole.
+  auto tied = Model::load_hf(test::fixture("hf/llama-gqa-tied"));
+  EXPECT_EQ(tied->step_weight_bytes(), tied->weight_bytes());
+}
+
+}  // namespace
+}  // namespace ptllm
