@@ -130,7 +130,7 @@ void dot_q6_k(const std::byte* w, const std::byte* xq, size_t xs, int64_t nb, in
   }
 }
 
-constexpr Kernels kScalar{{
+constexpr Kernels kScalar{quantize_act, {
     dot_q8_0,
     dot_small<DType::Q4_0, BlockQ4_0>,
     dot_small<DType::Q4_1, BlockQ4_1>,
