@@ -60,8 +60,12 @@ float fit_affine(const float* x, int n, int nmax, float* mn_neg) {
         sll += l * l;
         slx += float(l) * x[i];
       }
+      const auto sq_err = [&](double s, double m) {
+        return s * s * sll + 2 * s * m * sl + n * m * m - 2 * s * slx - 2 * m * sx + sxx;
+      };
+      err = sq_err(scale, mn);  // the levels just rounded, at the current (scale, min)
       const double det = double(n) * sll - double(sl) * sl;
-      if (det <= 0) break;
+      if (det <= 0) break;  // every level equal (a constant row): keep (scale, min)
       double s = (double(n) * slx - double(sl) * sx) / det, m = (sx - s * sl) / n;
       if (m > 0) {
         m = 0;
@@ -70,7 +74,7 @@ float fit_affine(const float* x, int n, int nmax, float* mn_neg) {
       if (s <= 0) break;
       scale = float(s);
       mn = float(m);
-      err = s * s * sll + 2 * s * m * sl + n * m * m - 2 * s * slx - 2 * m * sx + sxx;
+      err = sq_err(s, m);
     }
     if (err < best_err) {
       best_err = float(err);
