@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -82,6 +83,9 @@ constexpr Shape kShapes[] = {{37, 256, 1}, {37, 256, 3}, {19, 768, 16}, {64, 204
 
 TEST(QuantMatmul, EveryLevelMatchesScalarIntegerPathAndFp32) {
   SimdGuard g;
+  // set_simd_level clamps to the CPU: say which kernels a level really ran.
+  std::printf("best SIMD level here: %s (AVX-512 VNNI kernels need avx512vnni/vl/bw; without them that level runs AVX2)\n",
+              std::string(ops::simd_level_name(ops::best_simd_level())).c_str());
   for (DType t : kTypes)
     for (const Shape& s : kShapes) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << s.n_tokens);
