@@ -3,6 +3,7 @@
 // per block or super-block, one fp32 multiply-add per block), in plain C++.
 #include <cstring>
 
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/quant_impl.h"
 
@@ -145,12 +146,6 @@ constexpr Kernels kScalar{quantize_act, {
 
 const Kernels& kernels_scalar() { return kScalar; }
 
-const Kernels& kernels() {
-  switch (simd_level()) {
-    case SimdLevel::Avx512: return kernels_avx512();
-    case SimdLevel::Avx2: return kernels_avx2();
-    default: return kScalar;
-  }
-}
+const Kernels& kernels() { return *detail::pick<const Kernels*>(&kScalar, &kernels_avx2(), &kernels_avx512()); }
 
 }  // namespace ptllm::ops::q
