@@ -19,7 +19,7 @@ SECONDS_EACH=${2:-60}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 
 # target:corpus folder
-ALL=(fuzz_safetensors:safetensors fuzz_safetensors_index:safetensors_index fuzz_hf_config:hf_config
+ALL=(fuzz_safetensors:safetensors fuzz_safetensors_index:safetensors_index fuzz_gguf:gguf fuzz_hf_config:hf_config
      fuzz_tinygpt_config:tinygpt_config fuzz_tinygpt_file:tinygpt_file fuzz_tokenizer_json:tokenizer_json
      fuzz_prompt_llama2:prompt fuzz_prompt_bytelevel:prompt)
 

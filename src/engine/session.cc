@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "io/mmap.h"
 #include "kv/cache_options.h"
+#include "model/gguf_model.h"
+#include "tokenizer/gguf_file.h"
 
 namespace ptllm {
 
@@ -38,8 +40,13 @@ LoadedModel load_model(const std::string& path) {
     std::string tok_json;
     lm.model = Model::load_tinygpt(path, &tok_json);
     if (!tok_json.empty()) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_json(tok_json));
+  } else if (path.size() > 5 && path.ends_with(".gguf")) {
+    std::shared_ptr<const GgufFile> gguf;
+    lm.model = load_gguf_model(path, &gguf);
+    lm.add_bos = gguf->find_bool("tokenizer.ggml.add_bos_token").value_or(true);
+    if (gguf->has("tokenizer.ggml.model")) lm.tokenizer = std::make_shared<Tokenizer>(tokenizer_from_gguf(*gguf));
   } else {
-    fail("{}: expected a model folder (config.json + safetensors) or a .tinygpt file", path);
+    fail("{}: expected a model folder (config.json + safetensors), a .tinygpt or a .gguf file", path);
   }
   const auto& c = lm.model->config();
   lm.eos_ids = c.eos_ids;

@@ -20,6 +20,7 @@ struct LoadedModel {
   std::shared_ptr<Tokenizer> tokenizer;  // null when the folder has no tokenizer.json
   std::vector<int32_t> eos_ids;          // from generation_config / config / tokenizer
   int32_t bos_id = -1;
+  bool add_bos = true;  // GGUF: tokenizer.ggml.add_bos_token (default true)
 };
 LoadedModel load_model(const std::string& path);
 // The bundled default model (models/flagship-27m.tinygpt in the repo the executable was built in, or $PTLLM_MODEL).

@@ -122,8 +122,21 @@ void TensorStore::rename(const std::string& from, const std::string& to) {
   if (tensors_.count(to)) fail("duplicate tensor name {}", to);
   tensors_[to] = std::move(it->second);
   tensors_.erase(it);
+  if (auto s = view_source_.find(from); s != view_source_.end()) {
+    view_source_[to] = s->second;
+    view_source_.erase(from);
+    return;
+  }
   file_of_[to] = file_of_[from];
   file_of_.erase(from);
+}
+
+void TensorStore::add_view(const std::string& name, TensorView view, std::shared_ptr<const void> owner,
+                           const std::string& source) {
+  if (tensors_.count(name)) fail("{}: duplicate tensor name {}", source, name);
+  if (owners_.empty() || owners_.back() != owner) owners_.push_back(std::move(owner));
+  tensors_[name] = std::move(view);
+  view_source_[name] = source;
 }
 
 TensorStore TensorStore::open_hf_dir(const std::string& dir) {
@@ -165,6 +178,7 @@ const TensorView& TensorStore::get(const std::string& name) const {
 }
 
 std::string TensorStore::source_of(const std::string& name) const {
+  if (auto s = view_source_.find(name); s != view_source_.end()) return s->second;
   auto it = file_of_.find(name);
   return it == file_of_.end() ? std::string("?") : files_[it->second]->path();
 }

@@ -30,12 +30,18 @@ class TensorStore {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Gives a tensor another name (e.g. .tinygpt names -> Hugging Face names).
   void rename(const std::string& from, const std::string& to);
+  // Adds a view into memory that `owner` keeps alive (a GGUF file's mapping, a
+  // re-ordered copy of a tensor); `source` names it in error messages.
+  void add_view(const std::string& name, TensorView view, std::shared_ptr<const void> owner,
+                const std::string& source);
 
  private:
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, size_t> file_of_;
   std::map<std::string, std::string> metadata_;
+  std::vector<std::shared_ptr<const void>> owners_;  // for add_view
+  std::map<std::string, std::string> view_source_;   // add_view's tensors -> source
 };
 
 // One tensor to write: raw bytes in dtype, row-major.

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/quant.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
-#include "ops/quant.h"
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.

@@ -32,6 +32,8 @@ Rope::Rope(const RopeConfig& cfg, int64_t head_dim) : head_dim_(head_dim) {
       }
     }
   }
+  if (cfg.freq_factors.size() == size_t(half))
+    for (int64_t i = 0; i < half; ++i) inv_freq_[size_t(i)] /= cfg.freq_factors[size_t(i)];
 }
 
 void Rope::cos_sin(double pos, float* cos, float* sin) const {

@@ -17,6 +17,9 @@ struct RopeConfig {
   double low_freq_factor = 1.0;          // llama3
   double high_freq_factor = 4.0;         // llama3
   int64_t original_max_position = 8192;  // llama3
+  // [head_dim/2] divisors of each inverse frequency after the scaling above
+  // (GGUF's rope_freqs tensor, how llama.cpp stores Llama 3 scaling); empty = none.
+  std::vector<float> freq_factors;
 };
 
 constexpr int64_t kMaxHeadDim = 512;

@@ -131,6 +131,49 @@ def read_header(path):
         return json.loads(f.read(n))
 
 
+def gguf(kvs, tensors, alignment=32, version=3):
+    """kvs: list of (key, type id, payload bytes); tensors: (name, ne innermost first, ggml type, data bytes)."""
+    def string(s):
+        s = s.encode() if isinstance(s, str) else s
+        return struct.pack("<Q", len(s)) + s
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for k, t, payload in kvs:
+        out += string(k) + struct.pack("<I", t) + payload
+    off, blobs = 0, []
+    for name, ne, t, raw in tensors:
+        out += string(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne) + struct.pack("<IQ", t, off)
+        raw += b"\0" * (-len(raw) % alignment)
+        blobs.append(raw)
+        off += len(raw)
+    out += b"\0" * (-len(out) % alignment)
+    return out + b"".join(blobs)
+
+
+def gguf_seeds():
+    s = lambda x: struct.pack("<Q", len(x.encode())) + x.encode()
+    arr = lambda t, fmt, v: struct.pack("<IQ", t, len(v)) + struct.pack("<%d%s" % (len(v), fmt), *v)
+    every = [("general.architecture", 8, s("llama")), ("u8", 0, b"\x07"), ("i8", 1, b"\xff"), ("u16", 2, b"\x01\x02"),
+             ("i16", 3, b"\xff\xff"), ("u32", 4, struct.pack("<I", 5)), ("i32", 5, struct.pack("<i", -5)),
+             ("f32", 6, struct.pack("<f", 1e-5)), ("bool", 7, b"\x01"), ("u64", 10, struct.pack("<Q", 1 << 40)),
+             ("i64", 11, struct.pack("<q", -1)), ("f64", 12, struct.pack("<d", 0.5)),
+             ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + s("<unk>") + s("<s>") + s("\u2581a")),
+             ("tokenizer.ggml.scores", 9, arr(6, "f", [0.0, -1.0, -2.0])),
+             ("tokenizer.ggml.token_type", 9, arr(5, "i", [2, 3, 1])), ("u64s", 9, arr(10, "Q", [1, 2]))]
+    f32 = lambda n: struct.pack("<%df" % n, *vals(n))
+    put("gguf", "every_type.gguf", gguf(every, [("w", [4, 2], 0, f32(8)), ("h", [8], 1, b"\x00\x3c" * 8)]))
+    put("gguf", "v2_no_tensors.gguf", gguf(every[:3], [], version=2))
+    put("gguf", "align64_bf16.gguf", gguf([("general.alignment", 4, struct.pack("<I", 64))],
+                                          [("b", [2, 2], 30, b"\x80\x3f" * 4), ("c", [3], 0, f32(3))], alignment=64))
+    blocks = lambda t, nbytes: bytes((i * 13) & 0xff for i in range(nbytes))
+    put("gguf", "quantised.gguf", gguf([], [("q8", [32, 2], 8, blocks(8, 68)), ("q4", [32], 2, blocks(2, 18)),
+                                            ("q4k", [256], 12, blocks(12, 144)), ("q6k", [256], 14, blocks(14, 210)),
+                                            ("q5_1", [32], 7, blocks(7, 24))]))
+    # stories260K's header (metadata + 48 tensor infos, no data): real tokenizer arrays.
+    p = os.path.join(SHARED, "models", "stories260K", "stories260K.gguf")
+    with open(p, "rb") as f:
+        put("gguf", "stories260K_header.gguf", f.read(14176))
+
+
 def main():
     # safetensors: every dtype, empty and scalar tensors, metadata, unpadded header.
     put("safetensors", "f32_2x3", safetensors([("w", "F32", [2, 3], vals(6))]))
@@ -167,6 +210,7 @@ def main():
     put("tinygpt_file", "yoco.tinygpt", tinygpt(yoco=True)[0])
     put("tinygpt_file", "tied_bf16.tinygpt", tinygpt(dtype="BF16", tie=True)[0])
     put("tinygpt_file", "with_tokenizer.tinygpt", tinygpt(tokenizer=micro_tokenizer())[0])
+    gguf_seeds()
     # tokenizer.json (+ NUL + tokenizer_config.json).
     put("tokenizer_json", "micro_spm.json", json.dumps(micro_tokenizer()))
     put("tokenizer_json", "micro_bytelevel.json", json.dumps(bytelevel_tokenizer()))

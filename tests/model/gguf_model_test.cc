@@ -1,0 +1,269 @@
+// GGUF models against independent references: llama.cpp's stories260K GGUF
+// against its Hugging Face form (converted with the Q/K rows moved back, and
+// checked against llama2.c), transformers' logits for every tiny HF fixture
+// family after our HF -> GGUF convert, and the flagship at f16/bf16.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "engine/session.h"
+#include "io/gguf.h"
+#include "model/gguf_convert.h"
+#include "model/gguf_model.h"
+#include "test_util.h"
+
+namespace ptllm {
+namespace {
+namespace fs = std::filesystem;
+
+std::string tmp(const std::string& name) {
+  auto d = fs::temp_directory_path() / ("ptllm_ggufm_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return (d / name).string();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<float> full_logits(const Model& m, const std::vector<int32_t>& ids) {
+  auto cache = make_default_cache(m, int64_t(ids.size()));
+  std::vector<float> out(ids.size() * size_t(m.config().vocab_size));
+  m.forward(ids.data(), int64_t(ids.size()), *cache, out.data(), true);
+  return out;
+}
+
+// max|a - b| / max|b|.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(a[i])) << i;
+    md = std::max(md, double(std::fabs(a[i] - b[i])));
+    mr = std::max(mr, double(std::fabs(b[i])));
+  }
+  return md / mr;
+}
+
+std::vector<int32_t> greedy(const Model& m, std::vector<int32_t> prompt, int n) {
+  auto cache = make_default_cache(m, int64_t(prompt.size()) + n);
+  std::vector<float> logits(size_t(m.config().vocab_size));
+  m.forward(prompt.data(), int64_t(prompt.size()), *cache, logits.data(), false);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    const int32_t id = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(id);
+    m.forward(&id, 1, *cache, logits.data(), false);
+  }
+  return out;
+}
+
+std::vector<int32_t> some_ids(int n, int vocab) {
+  std::vector<int32_t> ids = {1};
+  for (int i = 1; i < n; ++i) ids.push_back(int32_t((i * 7919 + 13) % vocab));
+  return ids;
+}
+
+const std::string kStories = test::shared_dir() + "/models/stories260K";
+
+TEST(GgufModel, PermutationMovesRowsAndRoundTrips) {
+  // One head of 4 rows: HF rows (half 0: j 0,1; half 1: j 0,1) -> GGUF 2j + half.
+  const std::byte in[4] = {std::byte{10}, std::byte{11}, std::byte{12}, std::byte{13}};
+  std::byte g[4], back[4];
+  permute_qk_rows(in, g, 1, 4, 1, /*to_gguf=*/true);
+  EXPECT_EQ(g[0], std::byte{10});
+  EXPECT_EQ(g[1], std::byte{12});
+  EXPECT_EQ(g[2], std::byte{11});
+  EXPECT_EQ(g[3], std::byte{13});
+  permute_qk_rows(g, back, 1, 4, 1, false);
+  EXPECT_EQ(std::memcmp(in, back, 4), 0);
+  std::vector<std::byte> big(3 * 8 * 5), p(big.size()), q(big.size());
+  for (size_t i = 0; i < big.size(); ++i) big[i] = std::byte(i);
+  permute_qk_rows(big.data(), p.data(), 3, 8, 5, true);
+  EXPECT_NE(p, big);
+  permute_qk_rows(p.data(), q.data(), 3, 8, 5, false);
+  EXPECT_EQ(q, big);
+}
+
+TEST(GgufModel, TensorNamesMapBothWays) {
+  EXPECT_EQ(hf_name_from_gguf("blk.11.attn_q.weight"), "model.layers.11.self_attn.q_proj.weight");
+  EXPECT_EQ(hf_name_from_gguf("blk.0.ffn_down.weight"), "model.layers.0.mlp.down_proj.weight");
+  EXPECT_EQ(hf_name_from_gguf("output.weight"), "lm_head.weight");
+  EXPECT_EQ(hf_name_from_gguf("rope_freqs.weight"), "");
+  EXPECT_EQ(hf_name_from_gguf("blk.x.attn_q.weight"), "");
+  for (const char* g : {"token_embd.weight", "output_norm.weight", "blk.3.attn_k.bias", "blk.2.ffn_norm.weight",
+                        "blk.7.attn_output.weight", "blk.1.attn_norm.weight", "blk.0.ffn_gate.weight"})
+    EXPECT_EQ(gguf_name_from_hf(hf_name_from_gguf(g)), g);
+}
+
+// llama.cpp's stories260K.gguf gives the HF folder's logits and greedy tokens.
+TEST(GgufModel, Stories260KMatchesHfFolder) {
+  auto hf = Model::load_hf(kStories);
+  auto gg = load_gguf_model(kStories + "/stories260K.gguf");
+  const ModelConfig &a = hf->config(), &b = gg->config();
+  EXPECT_EQ(b.model_type, "llama");
+  EXPECT_EQ(b.vocab_size, a.vocab_size);
+  EXPECT_EQ(b.hidden_size, a.hidden_size);
+  EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+  EXPECT_EQ(b.n_layers, a.n_layers);
+  EXPECT_EQ(b.n_heads, a.n_heads);
+  EXPECT_EQ(b.n_kv_heads, a.n_kv_heads);
+  EXPECT_EQ(b.head_dim, a.head_dim);
+  EXPECT_EQ(b.tie_embeddings, a.tie_embeddings);
+  EXPECT_NEAR(b.rms_eps, a.rms_eps, 1e-12);
+  EXPECT_EQ(b.rope.theta, a.rope.theta);
+  EXPECT_EQ(b.bos_id, 1);
+  EXPECT_EQ(b.eos_ids, std::vector<int32_t>{2});
+  // Both F32: the same weights after un-permuting, so the same arithmetic.
+  const auto ids = some_ids(64, int(a.vocab_size));
+  // Tolerance (f32 weights, f32 arithmetic, same kernels): 1e-5 relative.
+  EXPECT_LE(rel_diff(full_logits(*gg, ids), full_logits(*hf, ids)), 1e-5);
+  EXPECT_EQ(greedy(*gg, {1}, 100), greedy(*hf, {1}, 100));
+  // The un-permuted Q/K must equal the HF tensors byte for byte.
+  for (const char* n : {"model.layers.0.self_attn.q_proj.weight", "model.layers.4.self_attn.k_proj.weight"}) {
+    const TensorView &x = gg->tensors().get(n), &y = hf->tensors().get(n);
+    ASSERT_EQ(x.shape, y.shape);
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << n;
+  }
+}
+
+TEST(GgufModel, LoadModelFromGgufPath) {
+  LoadedModel lm = load_model(kStories + "/stories260K.gguf");
+  ASSERT_TRUE(lm.model);
+  EXPECT_EQ(lm.bos_id, 1);
+  EXPECT_EQ(lm.eos_ids, std::vector<int32_t>{2});
+  EXPECT_TRUE(lm.add_bos);
+}
+
+// Our convert (HF -> GGUF f32) of every tiny transformers fixture reproduces
+// transformers' logits: the permutation, qwen2's biases (not permuted), tied
+// embeddings, Llama 3 RoPE scaling through rope_freqs, Mistral's window.
+class GgufFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufFixture, ConvertedLogitsMatchTransformers) {
+  const std::string dir = test::fixture("hf/" + GetParam());
+  const std::string out = tmp(GetParam() + ".gguf");
+  GgufConvertOptions opt;
+  opt.type = DType::F32;
+  opt.write_tokenizer = [](GgufWriter&) {};  // the fixtures have no tokenizer
+  convert_to_gguf(dir, out, opt);
+  auto model = load_gguf_model(out);
+  TensorStore ref;
+  ref.add_file(dir + "/reference.safetensors");
+  const TensorView& ids_t = ref.get("input_ids");
+  const std::vector<int32_t> ids(ids_t.as<int32_t>(), ids_t.as<int32_t>() + ids_t.numel());
+  const TensorView& lt = ref.get("logits");
+  const std::vector<float> expect(lt.as<float>(), lt.as<float>() + lt.numel());
+  // The same tolerance as model_test's HF check (f32, different summation order).
+  EXPECT_LE(rel_diff(full_logits(*model, ids), expect), 1e-4);
+  const auto hf = Model::load_hf(dir);
+  EXPECT_EQ(model->config().sliding_window, hf->config().sliding_window);
+  EXPECT_EQ(model->config().qkv_bias, hf->config().qkv_bias);
+  EXPECT_EQ(model->config().tie_embeddings, hf->config().tie_embeddings);
+  GgufFile f(out);
+  EXPECT_EQ(f.get_string("general.architecture"), GetParam().starts_with("qwen2") ? "qwen2" : "llama");
+  EXPECT_EQ(f.find_tensor("rope_freqs.weight") != nullptr, GetParam().starts_with("llama3"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GgufFixture,
+                         ::testing::Values("llama-gqa-tied", "llama-mha-untied", "llama3-rope-scaling-headdim",
+                                           "mistral-sliding-window", "qwen2-qkv-bias"));
+
+TEST(GgufModel, GgufToHfFolderRoundTrip) {
+  const std::string out = tmp("stories_hf");
+  convert_gguf_to_hf(kStories + "/stories260K.gguf", out, std::nullopt);
+  auto back = Model::load_hf(out);
+  auto gg = load_gguf_model(kStories + "/stories260K.gguf");
+  const auto ids = some_ids(32, 512);
+  EXPECT_EQ(full_logits(*back, ids), full_logits(*gg, ids));  // F32 kept: identical
+  convert_gguf_to_hf(kStories + "/stories260K.gguf", out + "_bf16", DType::BF16);
+  EXPECT_EQ(Model::load_hf(out + "_bf16")->tensors().get("model.norm.weight").dtype, DType::BF16);
+}
+
+// The flagship (bf16 HF folder) through our convert. bf16 -> GGUF bf16 keeps
+// every weight bit: logits are identical. bf16 -> f16 is exact except for
+// weights below f16's normal range (2^-14), which lose mantissa bits as
+// subnormals: tolerance 1e-5 of max|logit| (measured: 4.8e-7).
+TEST(GgufModel, FlagshipConvertMatchesHfFolder) {
+  const std::string dir = test::repo_dir() + "/models/flagship-27m";
+  auto hf = Model::load_hf(dir);
+  const auto ids = some_ids(48, 32000);
+  const auto ref = full_logits(*hf, ids);
+  for (DType t : {DType::BF16, DType::F16}) {
+    const std::string out = tmp(std::string("flagship-") + std::string(dtype_name(t)) + ".gguf");
+    GgufConvertOptions opt;
+    opt.type = t;
+    convert_to_gguf(dir, out, opt);
+    auto gg = load_gguf_model(out);
+    const double d = rel_diff(full_logits(*gg, ids), ref);
+    std::printf("flagship GGUF %s: max|dlogit| / max|logit| = %.3g\n", std::string(dtype_name(t)).c_str(), d);
+    if (t == DType::BF16) EXPECT_EQ(d, 0.0);
+    else EXPECT_LE(d, 1e-5);
+    GgufFile f(out);
+    EXPECT_EQ(f.tensor("blk.0.attn_q.weight").dtype, t);
+    EXPECT_EQ(f.tensor("blk.0.attn_norm.weight").dtype, DType::F32);
+    // The tokenizer keys llama.cpp's own converter wrote for this model.
+    GgufFile ref_file(test::shared_dir() + "/models/flagship-27m-gguf/flagship-q8_0.gguf");
+    EXPECT_EQ(f.get_string_array("tokenizer.ggml.tokens"), ref_file.get_string_array("tokenizer.ggml.tokens"));
+    EXPECT_EQ(f.get_i32_array("tokenizer.ggml.token_type"), ref_file.get_i32_array("tokenizer.ggml.token_type"));
+    for (const char* k : {"llama.block_count", "llama.context_length", "llama.embedding_length",
+                          "llama.feed_forward_length", "llama.attention.head_count", "llama.attention.head_count_kv",
+                          "llama.attention.key_length", "llama.rope.dimension_count", "llama.vocab_size",
+                          "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                          "tokenizer.ggml.unknown_token_id"})
+      EXPECT_EQ(f.get_u32(k), ref_file.get_u32(k)) << k;
+    EXPECT_EQ(f.get_f32("llama.attention.layer_norm_rms_epsilon"), ref_file.get_f32("llama.attention.layer_norm_rms_epsilon"));
+    // Permuted the GGUF way: the same row order as llama.cpp's own file (whose
+    // q8_0 rows hold the same values up to quantisation).
+    const TensorView &mine = f.tensor("blk.0.attn_k.weight"), &theirs = ref_file.tensor("blk.0.attn_k.weight");
+    ASSERT_EQ(mine.shape, theirs.shape);
+    for (int64_t r : {0, 1, 2, 17, 255}) {
+      // Q8_0 block = f16 scale + 32 int8: compare row r's first block, dequantised.
+      const std::byte* b = theirs.data + size_t(r) * (256 / 32) * 34;
+      const float d8 = f16_to_f32(uint16_t(uint16_t(b[0]) | uint16_t(b[1]) << 8));
+      for (int j = 0; j < 32; ++j) {
+        const float q = d8 * float(int8_t(b[2 + j]));
+        // One quantum: rounding plus the f16 rounding of the scale (a wrong row is off by ~20 quanta).
+        EXPECT_NEAR(mine.at_f32(r * 256 + j), q, std::fabs(d8) * 1.01f) << "row " << r << " col " << j;
+      }
+    }
+  }
+}
+
+TEST(GgufModel, ConfigErrorsNameFileAndKey) {
+  const std::string p = tmp("bad_arch.gguf");
+  {
+    GgufWriter w;
+    w.set_string("general.architecture", "gpt2");
+    w.write(p);
+  }
+  std::string e = error_of([&] { load_gguf_model(p); });
+  EXPECT_NE(e.find("unsupported general.architecture \"gpt2\""), std::string::npos) << e;
+  EXPECT_NE(e.find(p), std::string::npos) << e;
+  {
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    w.set_u32("llama.embedding_length", 64);
+    w.write(p);
+  }
+  e = error_of([&] { load_gguf_model(p); });
+  EXPECT_NE(e.find("missing metadata key llama.block_count"), std::string::npos) << e;
+  // A quantised file loads its config; the forward pass needs the quant kernels.
+  GgufFile q(test::shared_dir() + "/models/flagship-27m-gguf/flagship-q4_k_m.gguf");
+  const ModelConfig c = gguf_model_config(q);
+  EXPECT_EQ(c.n_layers, 12);
+  EXPECT_EQ(c.vocab_size, 32000);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_FALSE(c.tie_embeddings);
+}
+
+}  // namespace
+}  // namespace ptllm
