@@ -90,7 +90,10 @@ constexpr int kMaxNT = 4;
 // `xstride` bytes apart, `nb` weight blocks per row. Each token's sum is
 // computed by the same instructions whatever nt is (batch invariance).
 using RowDot = void (*)(const std::byte* w, const std::byte* xq, size_t xstride, int64_t nb, int nt, float* out);
+// x [n] -> activation blocks (quantize_act's bytes exactly, at every level).
+using ActQuant = void (*)(DType t, const float* x, int64_t n, std::byte* dst);
 struct Kernels {
+  ActQuant quantize_act;
   RowDot dot[8];  // by DType, Q8_0 first
 };
 inline int kernel_index(DType t) { return int(t) - int(DType::Q8_0); }

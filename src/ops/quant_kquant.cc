@@ -34,28 +34,39 @@ float fit_affine(const float* x, int n, int nmax, float* mn_neg) {
     return 0.f;
   }
   float best_err = INFINITY, best_scale = 0.f, best_min = lo;
-  int L[32];
+  double sx = 0, sxx = 0;
+  for (int i = 0; i < n; ++i) {
+    sx += x[i];
+    sxx += double(x[i]) * x[i];
+  }
   // Starting ranges: the full [lo, hi] and ones trimmed at either end; each is
-  // refined by alternating rounding and a least-squares refit (twice).
+  // refined by alternating rounding and a least-squares refit. A candidate's
+  // error is that of the refit (s, m) with the levels it was fitted to, from
+  // the sums: re-rounding with (s, m) can only lower it.
   for (int trial = 0; trial < kTrialsLo * kTrialsHi; ++trial) {
     const float shrink_lo = kShrinkStep * float(trial % kTrialsLo), shrink_hi = kShrinkStep * float(trial / kTrialsLo);
     float mn = lo * (1.f - shrink_lo);
     float scale = (hi - (hi - lo) * shrink_hi - mn) / float(nmax);
     if (scale <= 0.f) continue;
+    double err = INFINITY;
     for (int it = 0; it < kRefits; ++it) {
+      // min over (s, m) of sum (s*L + m - x)^2, m <= 0; level sums are exact ints.
       const float inv = 1.f / scale;
-      for (int i = 0; i < n; ++i) L[i] = std::clamp(nearest((x[i] - mn) * inv), 0, nmax);
-      // min over (s, m) of sum (s*L + m - x)^2, m <= 0.
-      double sl = 0, sll = 0, sx = 0, slx = 0;
+      int sl = 0, sll = 0;
+      float slx = 0.f;
       for (int i = 0; i < n; ++i) {
-        sl += L[i];
-        sll += double(L[i]) * L[i];
-        sx += x[i];
-        slx += double(L[i]) * x[i];
+        const int l = std::clamp(nearest((x[i] - mn) * inv), 0, nmax);
+        sl += l;
+        sll += l * l;
+        slx += float(l) * x[i];
       }
-      const double det = n * sll - sl * sl;
-      if (det <= 0) break;
-      double s = (n * slx - sl * sx) / det, m = (sx - s * sl) / n;
+      const auto sq_err = [&](double s, double m) {
+        return s * s * sll + 2 * s * m * sl + n * m * m - 2 * s * slx - 2 * m * sx + sxx;
+      };
+      err = sq_err(scale, mn);  // the levels just rounded, at the current (scale, min)
+      const double det = double(n) * sll - double(sl) * sl;
+      if (det <= 0) break;  // every level equal (a constant row): keep (scale, min)
+      double s = (double(n) * slx - double(sl) * sx) / det, m = (sx - s * sl) / n;
       if (m > 0) {
         m = 0;
         s = sll > 0 ? slx / sll : 0;
@@ -63,16 +74,10 @@ float fit_affine(const float* x, int n, int nmax, float* mn_neg) {
       if (s <= 0) break;
       scale = float(s);
       mn = float(m);
-    }
-    float err = 0.f;
-    const float inv = 1.f / scale;
-    for (int i = 0; i < n; ++i) {
-      const int l = std::clamp(nearest((x[i] - mn) * inv), 0, nmax);
-      const float e = scale * float(l) + mn - x[i];
-      err += e * e;
+      err = sq_err(s, m);
     }
     if (err < best_err) {
-      best_err = err;
+      best_err = float(err);
       best_scale = scale;
       best_min = mn;
     }

@@ -42,8 +42,9 @@ class QuantX {
     if (!buf.empty()) return;
     const size_t stride = act_row_bytes(t, in_);
     buf.resize(stride * size_t(n_));
+    const ActQuant quant = kernels().quantize_act;
 #pragma omp parallel for schedule(static) if (n_ * in_ >= kParallelWork)
-    for (int64_t r = 0; r < n_; ++r) quantize_act(t, x_ + r * in_, in_, buf.data() + size_t(r) * stride);
+    for (int64_t r = 0; r < n_; ++r) quant(t, x_ + r * in_, in_, buf.data() + size_t(r) * stride);
   }
   const std::byte* data(DType t) const { return uses_a256(t) ? a256_.data() : a32_.data(); }
   size_t stride(DType t) const { return act_row_bytes(t, in_); }

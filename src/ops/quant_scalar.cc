@@ -3,6 +3,7 @@
 // per block or super-block, one fp32 multiply-add per block), in plain C++.
 #include <cstring>
 
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/quant_impl.h"
 
@@ -130,7 +131,7 @@ void dot_q6_k(const std::byte* w, const std::byte* xq, size_t xs, int64_t nb, in
   }
 }
 
-constexpr Kernels kScalar{{
+constexpr Kernels kScalar{quantize_act, {
     dot_q8_0,
     dot_small<DType::Q4_0, BlockQ4_0>,
     dot_small<DType::Q4_1, BlockQ4_1>,
@@ -145,12 +146,6 @@ constexpr Kernels kScalar{{
 
 const Kernels& kernels_scalar() { return kScalar; }
 
-const Kernels& kernels() {
-  switch (simd_level()) {
-    case SimdLevel::Avx512: return kernels_avx512();
-    case SimdLevel::Avx2: return kernels_avx2();
-    default: return kScalar;
-  }
-}
+const Kernels& kernels() { return *detail::pick<const Kernels*>(&kScalar, &kernels_avx2(), &kernels_avx512()); }
 
 }  // namespace ptllm::ops::q

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
+#include "ops/quant_impl.h"
 
 namespace ptllm {
 namespace {
@@ -81,6 +83,9 @@ constexpr Shape kShapes[] = {{37, 256, 1}, {37, 256, 3}, {19, 768, 16}, {64, 204
 
 TEST(QuantMatmul, EveryLevelMatchesScalarIntegerPathAndFp32) {
   SimdGuard g;
+  // set_simd_level clamps to the CPU: say which kernels a level really ran.
+  std::printf("best SIMD level here: %s (AVX-512 VNNI kernels need avx512vnni/vl/bw; without them that level runs AVX2)\n",
+              std::string(ops::simd_level_name(ops::best_simd_level())).c_str());
   for (DType t : kTypes)
     for (const Shape& s : kShapes) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << s.n_tokens);
@@ -111,6 +116,29 @@ TEST(QuantMatmul, EveryLevelMatchesScalarIntegerPathAndFp32) {
           ASSERT_NEAR(y[k], ref[k], 1e-5 * mag[k]) << ops::simd_level_name(lv) << " vs scalar, output " << k;
       }
     }
+}
+
+// The SIMD activation quantisers must write the scalar one's bytes exactly
+// (every level then multiplies the same integers): random blocks, an all-zero
+// block, exact .5 ties, and a block with an infinity (scale NaN, levels 0).
+TEST(QuantMatmul, ActivationQuantiserIsIdenticalAtEveryLevel) {
+  auto x = randn(1024, 21, 3.f);
+  for (int i = 256; i < 512; ++i) x[size_t(i)] = 0.f;
+  for (int i = 512; i < 544; ++i) x[size_t(i)] = float(i - 528) + 0.5f;  // amax 15.5: ties at x * 127/15.5?
+  x[600] = INFINITY;
+  x[900] = -NAN;
+  for (DType t : {DType::Q8_0, DType::Q4_K}) {
+    const size_t bytes = ops::q::act_row_bytes(t, 1024);
+    std::vector<std::byte> ref(bytes), got(bytes);
+    ops::q::kernels_scalar().quantize_act(t, x.data(), 1024, ref.data());
+    for (const ops::q::Kernels* k : {&ops::q::kernels_avx2(), &ops::q::kernels_avx512()}) {
+      if (ops::best_simd_level() == ops::SimdLevel::Scalar) break;  // no AVX2: nothing else to run
+      std::fill(got.begin(), got.end(), std::byte{0x5a});
+      k->quantize_act(t, x.data(), 1024, got.data());
+      // Compare field by field: NaN scales compare unequal as floats, so bytes.
+      EXPECT_EQ(std::memcmp(ref.data(), got.data(), bytes), 0) << dtype_name(t);
+    }
+  }
 }
 
 TEST(QuantMatmul, RowsAreBitIdenticalWhateverNTokens) {

@@ -242,5 +242,31 @@ TEST(QuantError, RelativeRmsPerType) {
   EXPECT_LT(err[DType::Q6_K], err[DType::Q5_K]);
 }
 
+// Degenerate rows: zeros stay exactly zero, a constant row comes back within
+// 1%, and values near the f16 limit stay finite, for every type.
+TEST(QuantError, ZeroConstantAndLargeRows) {
+  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                         DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  for (DType t : types) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    std::vector<uint8_t> q(storage_bytes(t, 512));
+    std::vector<float> x(512, 0.f);
+    ops::quantize_row(t, x.data(), q.data(), 512);
+    for (float v : deq(t, q, 512)) ASSERT_EQ(v, 0.f);
+    for (float c : {0.5f, -0.25f}) {
+      std::fill(x.begin(), x.end(), c);
+      ops::quantize_row(t, x.data(), q.data(), 512);
+      for (float v : deq(t, q, 512)) ASSERT_NEAR(v, c, 0.01f * std::fabs(c));
+    }
+    for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -30000.f : 20000.f) * float(i % 7) / 6.f;
+    ops::quantize_row(t, x.data(), q.data(), 512);
+    const auto y = deq(t, q, 512);
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y[i])) << i;
+      ASSERT_NEAR(y[i], x[i], 0.1 * 30000) << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ptllm
