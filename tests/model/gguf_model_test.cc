@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "engine/session.h"
 #include "io/gguf.h"
 #include "model/gguf_convert.h"
 #include "model/gguf_model.h"
+#include "model/random_model.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -263,6 +265,46 @@ TEST(GgufModel, ConfigErrorsNameFileAndKey) {
   EXPECT_EQ(c.vocab_size, 32000);
   EXPECT_EQ(c.head_dim, 32);
   EXPECT_FALSE(c.tie_embeddings);
+}
+
+// make-random's writer at a small shape: loads, gives finite logits, has the
+// byte-fallback vocabulary, weights at the requested scale, and one seed = one file.
+TEST(GgufModel, RandomModelLoadsAndIsReproducible) {
+  RandomModelOptions opt;
+  opt.config = random_model_preset("llama-3.2-1b");
+  opt.config.hidden_size = 128, opt.config.n_layers = 2, opt.config.n_heads = 4, opt.config.n_kv_heads = 2;
+  opt.config.head_dim = 32, opt.config.intermediate_size = 256, opt.config.vocab_size = 300;
+  opt.seed = 7;
+  const std::string a = tmp("rand_a.gguf"), b = tmp("rand_b.gguf"), c = tmp("rand_c.gguf");
+  write_random_gguf(a, opt);
+  write_random_gguf(b, opt);
+  opt.seed = 8;
+  write_random_gguf(c, opt);
+  auto bytes = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_EQ(bytes(a), bytes(b));
+  EXPECT_NE(bytes(a), bytes(c));
+  GgufFile f(a);
+  EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "llama");
+  const auto toks = f.get_string_array("tokenizer.ggml.tokens");
+  ASSERT_EQ(toks.size(), 300u);
+  EXPECT_EQ(toks[3 + 0x41], "<0x41>");
+  EXPECT_EQ(f.find_tensor("output.weight"), nullptr);  // the 1B preset is tied
+  const TensorView& q = f.tensor("blk.1.attn_q.weight");
+  EXPECT_EQ(q.dtype, DType::F16);
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < q.numel(); ++i) sum += q.at_f32(i), sq += double(q.at_f32(i)) * q.at_f32(i);
+  const double mean = sum / double(q.numel()), sd = std::sqrt(sq / double(q.numel()) - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.002);
+  EXPECT_NEAR(sd, 0.02, 0.001);
+  EXPECT_EQ(f.tensor("blk.0.ffn_norm.weight").at_f32(5), 1.f);
+  auto m = load_gguf_model(a);
+  EXPECT_TRUE(m->config().tie_embeddings);
+  const auto logits = full_logits(*m, some_ids(16, 300));
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_NE(error_of([] { random_model_preset("llama-9"); }).find("--preset llama-9"), std::string::npos);
 }
 
 }  // namespace
