@@ -21,11 +21,16 @@ namespace ptllm {
 namespace {
 namespace fs = std::filesystem;
 
+fs::path tmp_dir() { return fs::temp_directory_path() / ("ptllm_ggufm_" + std::to_string(::getpid())); }
 std::string tmp(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("ptllm_ggufm_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
+  fs::create_directories(tmp_dir());
+  return (tmp_dir() / name).string();
 }
+// Removes this process's temporary files (the flagship GGUFs are 54 MB each).
+struct TmpCleanup : ::testing::Environment {
+  void TearDown() override { fs::remove_all(tmp_dir()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup);
 
 std::string error_of(const std::function<void()>& fn) {
   try {
