@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "engine/session.h"
 #include "model/model.h"
+#include "io/gguf.h"
+#include "tokenizer/gguf_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ptllm::cli {
@@ -18,7 +20,8 @@ namespace ptllm::cli {
 namespace {
 
 // MODEL may be a model folder (uses its tokenizer.json + tokenizer_config.json),
-// a tokenizer.json itself, or a .tinygpt with an embedded tokenizer.
+// a tokenizer.json itself, a .tinygpt with an embedded tokenizer, or a .gguf
+// (its tokenizer.ggml.* vocabulary, encoded as llama.cpp does).
 Tokenizer open_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -27,7 +30,9 @@ Tokenizer open_tokenizer(const std::string& path) {
     if (!fs::exists(tok, ec)) fail("{}: folder has no tokenizer.json", path);
     return Tokenizer::from_file(tok);
   }
-  if (!fs::exists(path, ec)) fail("{}: no such file or folder (expected a model folder, tokenizer.json or .tinygpt)", path);
+  if (!fs::exists(path, ec))
+    fail("{}: no such file or folder (expected a model folder, tokenizer.json, .tinygpt or .gguf)", path);
+  if (path.ends_with(".gguf")) return tokenizer_from_gguf(GgufFile(path));
   if (path.ends_with(".tinygpt")) {
     std::string tok_json;
     Model::load_tinygpt(path, &tok_json);
@@ -65,13 +70,14 @@ void add_tokenize_command(CLI::App& root) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = root.add_subcommand("tokenize", "Encode text to token ids and pieces, or decode ids back to text");
   cmd->add_option("model", o->model,
-                  "Model folder, tokenizer.json or .tinygpt (default: the bundled flagship-27m)");
+                  "Model folder, tokenizer.json, .tinygpt or .gguf (default: the bundled flagship-27m)");
   CLI::Option* text = cmd->add_option("--text,-t", o->text, "Text to encode");
   CLI::Option* dec = cmd->add_option("--decode,-d", o->decode, "Comma-separated token ids to decode, e.g. 1,2,3");
   text->excludes(dec);
   cmd->add_flag("--no-special", o->no_special,
                 "Encode without the post-processor's special tokens (e.g. BOS); special tokens written in the "
-                "text are still recognised");
+                "text are still recognised, except for a .gguf (llama.cpp's parse_special off: only "
+                "user-defined tokens are matched)");
   cmd->add_flag("--keep-special", o->keep_special, "With --decode: keep special tokens in the text");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of a table");
 
@@ -90,7 +96,9 @@ void add_tokenize_command(CLI::App& root) {
       return;
     }
 
-    const std::vector<int32_t> ids = tok.encode(o->text, !o->no_special);
+    // llama.cpp ties special parsing to the same switch (llama-tokenize --no-parse-special).
+    const bool parse_special = !(o->no_special && tok.is_gguf_vocab());
+    const std::vector<int32_t> ids = tok.encode(o->text, !o->no_special, parse_special);
     std::vector<std::string> pieces;
     pieces.reserve(ids.size());
     for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));

@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "kv/cache_options.h"
 #include "kv/grouped_store.h"
+#include "ops/kivi_kernels.h"
 #include "ops/ops.h"
 
 namespace {
@@ -179,6 +180,42 @@ void BM_KiviRead(benchmark::State& st) {
   st.SetItemsProcessed(int64_t(st.iterations()) * T * H * D);
 }
 BENCHMARK(BM_KiviRead)->Arg(8)->Arg(4)->Arg(2)->ArgName("bits");
+
+// The fused KIVI kernels alone (ops/kivi_kernels.h) on one head of 4,096
+// quantised tokens, hd 32: scores of a query against every group of 32 (arg 1
+// = 0) or the weighted sum of the values (arg 1 = 1). Arg 0: bits. items = tokens.
+void BM_KiviKernel(benchmark::State& st) {
+  const int bits = int(st.range(0));
+  const bool values = st.range(1) != 0;
+  const kivi::QuantRange r = bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : kivi::kInt2Range;
+  const int64_t T = 4096, hd = 32, G = 32;
+  std::vector<uint8_t> codes(size_t(T) * kivi::row_bytes(hd, r));
+  std::mt19937_64 g(7);
+  for (auto& c : codes) c = uint8_t(g());
+  std::vector<kivi::AffineParams> params(size_t(T * hd), {kivi::Half::nearest(0.05f), kivi::Half::nearest(-0.3f)});
+  ops::KiviCodes view;
+  view.base = codes.data();
+  view.row_bytes = kivi::row_bytes(hd, r);
+  view.cap = T;
+  view.start = 100;  // a ring that wraps
+  view.head_dim = hd;
+  view.range = r;
+  const auto q = randn(size_t(hd), 1), cs = randn(size_t(T * hd / 2), 2), sn = randn(size_t(T * hd / 2), 3);
+  std::vector<float> scores(static_cast<size_t>(T), 1.f / float(T)), out(static_cast<size_t>(hd));
+  for (auto _ : st) {
+    if (values) {
+      ops::kivi_value_sum(view, 0, T, params.data(), scores.data(), out.data());
+      benchmark::DoNotOptimize(out.data());
+    } else {
+      for (int64_t t = 0; t < T; t += G)
+        ops::kivi_key_scores(view, t, G, params.data() + t, q.data(), 0.17f, cs.data() + t * hd / 2,
+                             sn.data() + t * hd / 2, scores.data() + t);
+      benchmark::DoNotOptimize(scores.data());
+    }
+  }
+  st.SetItemsProcessed(int64_t(st.iterations()) * T);
+}
+BENCHMARK(BM_KiviKernel)->ArgsProduct({{8, 4, 2}, {0, 1}})->ArgNames({"bits", "values"});
 
 // One head's softmax attention over T fp32 rows (hd 32): per-key dot_f32/axpy
 // calls (Arg 1 = 0) against the blocked dot_rows/weighted_sum_rows (Arg 1 = 1).

@@ -62,7 +62,7 @@ status=0
 summary=()
 for t in "${SELECTED[@]}"; do
   name=${t%%:*}
-  # tests/fuzz/CMakeLists.txt compiles src/ops/ops.cc for AVX-512 in this build
+  # tests/fuzz/CMakeLists.txt compiles src/ops for AVX-512 in this build
   # (clang cannot build its GCC-only dispatch); binaries that link it need the CPU.
   if [ "$name" = fuzz_tinygpt_config ] || [ "$name" = fuzz_tinygpt_file ] || [ "$name" = fuzz_gguf_model ]; then
     if ! grep -qw avx512f /proc/cpuinfo; then

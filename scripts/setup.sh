@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libomp-dev libicu-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libomp-dev libicu-dev python3-jinja2)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

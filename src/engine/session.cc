@@ -11,6 +11,7 @@
 #include "io/mmap.h"
 #include "kv/cache_options.h"
 #include "model/gguf_model.h"
+#include "tokenizer/gguf_file.h"
 
 namespace ptllm {
 
@@ -43,8 +44,7 @@ LoadedModel load_model(const std::string& path) {
     std::shared_ptr<const GgufFile> gguf;
     lm.model = load_gguf_model(path, &gguf);
     lm.add_bos = gguf->find_bool("tokenizer.ggml.add_bos_token").value_or(true);
-    // The tokenizer (tokenizer.ggml.*) comes from the vocab branch's
-    // tokenizer_from_gguf(*gguf); until it is wired, lm.tokenizer stays null.
+    if (gguf->has("tokenizer.ggml.model")) lm.tokenizer = std::make_shared<Tokenizer>(tokenizer_from_gguf(*gguf));
   } else {
     fail("{}: expected a model folder (config.json + safetensors), a .tinygpt or a .gguf file", path);
   }

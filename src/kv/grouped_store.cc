@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "ops/kivi_kernels.h"
 #include "ops/ops.h"
 #include "ops/rope.h"
 
@@ -184,12 +185,66 @@ size_t GroupedKiviStore::scale_bytes() const {
   return size_t(n * n_heads_) * sizeof(kivi::AffineParams);
 }
 
+ops::KiviCodes GroupedKiviStore::codes(int64_t head) const {
+  ops::KiviCodes c;
+  c.base = codes_.data() + size_t(head * capacity_) * row_;
+  c.row_bytes = row_;
+  c.cap = qring_.cap;
+  c.start = qring_.start;
+  c.head_dim = head_dim_;
+  c.range = r_;
+  return c;
+}
+
+// Slots in order: [sinks fp32][quantised groups][residual fp32]; only the
+// quantised middle goes through the code kernels.
+void GroupedKiviStore::key_scores(int64_t head, const float* staged, const float* q, int64_t begin, int64_t end,
+                                  const float* kcos, const float* ksin, float scale, float* scores) const {
+  const int64_t hd = head_dim_, half = hd / 2;
+  const int64_t ns = n_sink_, nq = n_quant_;
+  // Sinks: fp32.
+  const float* sk = sink_rows(head);
+  const int64_t se = std::min(end, ns);
+  if (begin < se)
+    ops::dot_rows_rotated(q, sk + begin * hd, se - begin, hd, kcos + begin * half, ksin + begin * half, scale,
+                          scores + begin);
+  // Quantised groups: scales and zeros folded into the query once per group.
+  const int64_t qb = std::max<int64_t>(begin - ns, 0), qe = std::min(end - ns, nq);  // quantised indices
+  if (qb < qe) {
+    const ops::KiviCodes kc = codes(head);
+    int64_t g0 = 0;  // first token of group g
+    for (size_t g = 0; g < group_len_.size() && g0 < qe; g0 += group_len_[g], ++g) {
+      const int64_t a = std::max(g0, qb), b = std::min(g0 + group_len_[g], qe);
+      if (a >= b) continue;
+      const int64_t slot = ns + a;
+      ops::kivi_key_scores(kc, a, b - a, group_params(head, int64_t(g)), q, scale, kcos + slot * half,
+                           ksin + slot * half, scores + slot);
+    }
+  }
+  // Residual: fp32.
+  const float* rk = resid_rows(head);
+  const int64_t rb = std::max(begin, ns + nq);
+  if (rb < end)
+    ops::dot_rows_rotated(q, rk + (rb - ns - nq) * hd, end - rb, hd, kcos + rb * half, ksin + rb * half, scale,
+                          scores + rb);
+}
+
+void GroupedKiviStore::value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const {
+  const int64_t hd = head_dim_, ns = n_sink_, nq = n_quant_;
+  std::fill(out, out + hd, 0.f);
+  ops::weighted_sum_rows(p, sink_rows(head), std::min(len, ns), hd, out);
+  // sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + sum_t p_t z_t; V's
+  // per-token parameters are indexed by physical row like the codes.
+  const int64_t qend = std::min(nq, len - ns);
+  if (qend > 0) ops::kivi_value_sum(codes(head), 0, qend, params_.data() + head * capacity_, p + ns, out);
+  if (len > ns + nq) ops::weighted_sum_rows(p + ns + nq, resid_rows(head), len - ns - nq, hd, out);
+}
+
 void GroupedKiviStore::clear() {
   KVStore::clear();
   n_sink_ = n_quant_ = n_res_ = 0;
   qring_.clear();
   group_len_.clear();
 }
-
 
 }  // namespace ptllm

@@ -1,5 +1,6 @@
-// Grouped KIVI storage (the KIVI paper's layout) of one layer's K or V, and
-// the fused attention kernels that read it without dequantising.
+// Grouped KIVI storage (the KIVI paper's layout) of one layer's K or V. Attention
+// reads it without dequantising: sinks and residual are fp32 rows, the
+// quantised groups go to the fused kernels of ops/kivi_kernels.h.
 //
 // Per head, the stored tokens are, in slot order:
 //
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "kv/kv_store.h"
+#include "ops/kivi_kernels.h"
 
 namespace ptllm {
 
@@ -36,6 +38,12 @@ class GroupedKiviStore : public KVStore {
   // [begin, end) must start at the first non-sink slot (begin == n_sink()).
   void evict(int64_t begin, int64_t end) override;
   void read(int64_t head, float* out) const override;
+  // Attention in place: keys are pre-RoPE and turned by kcos/ksin per slot;
+  // `staged` is not used.
+  bool reads_in_place() const override { return true; }
+  void key_scores(int64_t head, const float* staged, const float* q, int64_t begin, int64_t end, const float* kcos,
+                  const float* ksin, float scale, float* scores) const override;
+  void value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const override;
   size_t payload_bytes() const override;
   size_t scale_bytes() const override;
   void clear() override;
@@ -52,9 +60,6 @@ class GroupedKiviStore : public KVStore {
   const uint8_t* code_row(int64_t head, int64_t t) const {
     return codes_.data() + size_t(head * capacity_ + qring_.phys(t)) * row_;
   }
-  // All code rows of `head`, [capacity, row_bytes()]; token t is at row ring().phys(t).
-  const uint8_t* code_base(int64_t head) const { return codes_.data() + size_t(head * capacity_) * row_; }
-  const RowRing& ring() const { return qring_; }
   size_t row_bytes() const { return row_; }
   // K: parameters of group g, [head_dim]. V: parameters of quantised token t.
   const kivi::AffineParams* group_params(int64_t head, int64_t g) const {
@@ -63,13 +68,13 @@ class GroupedKiviStore : public KVStore {
   const kivi::AffineParams& token_params(int64_t head, int64_t t) const {
     return params_[size_t(head * capacity_ + qring_.phys(t))];
   }
-  // V: parameters of every row of `head`, indexed like code_base() rows.
-  const kivi::AffineParams* token_param_base(int64_t head) const { return params_.data() + head * capacity_; }
   const float* sink_rows(int64_t head) const { return sink_.data() + size_t(head * sink_cap_ * head_dim_); }
   const float* resid_rows(int64_t head) const { return res_.data() + size_t(head * res_cap_ * head_dim_); }
 
  private:
   void flush_group();  // quantises the oldest G residual tokens
+  // The quantised rows of `head` as the kernels see them (ops/kivi_kernels.h).
+  ops::KiviCodes codes(int64_t head) const;
 
   Axis axis_;
   kivi::QuantRange r_;
@@ -82,21 +87,5 @@ class GroupedKiviStore : public KVStore {
   std::vector<kivi::AffineParams> params_; // K: [n_heads, max_groups, hd]; V: [n_heads, capacity] like codes_
   std::vector<int64_t> group_len_;         // K: tokens per live group, oldest first
 };
-
-// Fused attention on grouped storage. q: one query head, already rotated.
-// Key slot t is rotated by (kcos, ksin) row t ([>= end, head_dim/2] each) at
-// read time: keys are stored before RoPE. Scores are written for slots
-// [begin, end) only (the caller rotates q per run of slots, storage_cache.cc). With the rotate-half
-// layout, for channel pair (i, i+h) and k = s*u + z,
-//   q . R(t) k = sum_i cos_ti (q_i k_i + q_{i+h} k_{i+h}) + sin_ti (q_{i+h} k_i - q_i k_{i+h})
-// so each group's scales and zeros are folded into the query once
-// (P = q_i s_i, Q = q_{i+h} s_{i+h}, X = q_{i+h} s_i, Y = q_i s_{i+h} and two
-// zero terms) and every token costs a few multiply-adds per code: no
-// dequantised K is ever written. scores[t] = scale * q . R(t) k_t.
-void fused_key_scores(const GroupedKiviStore& k, int64_t head, const float* q, int64_t begin, int64_t end,
-                      const float* kcos, const float* ksin, float scale, float* scores);
-// out[hd] = sum_t p[t] v_t over slots t < len, straight from the codes:
-// sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + (sum_t p_t z_t).
-void fused_value_sum(const GroupedKiviStore& v, int64_t head, const float* p, int64_t len, float* out);
 
 }  // namespace ptllm

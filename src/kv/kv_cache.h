@@ -1,4 +1,6 @@
-// The KV cache interface the forward pass talks to, and the plain fp32 cache.
+// The KV cache interface the forward pass talks to. (The one implementation
+// is StorageKVCache, storage_cache.h; tests/kv/reference_cache.h holds the
+// fp32 reference cache the tests compare it with.)
 //
 // The model hands the cache *pre-RoPE* keys and queries: the cache decides
 // where rotation happens (at append for absolute positions, at read time when
@@ -66,31 +68,5 @@ class KVCache {
   Rope rope_;
   int64_t position_ = 0;
 };
-
-// Full-precision cache holding every token up to `capacity`. Keys are stored
-// already rotated at their absolute position.
-class Fp32KVCache : public KVCache {
- public:
-  explicit Fp32KVCache(const KVCacheShape& shape);
-  void append(int64_t layer, const float* k, const float* v, int64_t n) override;
-  void attend(int64_t layer, const float* q, int64_t n, float* out) override;
-  int64_t stored(int64_t layer) const override { return len_[size_t(layer)]; }
-  int64_t room() const override;
-  size_t payload_bytes() const override;
-  std::string describe() const override { return "fp32 cache (unbounded up to the context length)"; }
-  void clear() override;
-
- private:
-  // Per layer: [n_kv_heads, capacity, head_dim]; only the first len_ slots are valid.
-  std::vector<std::vector<float>> k_, v_;
-  std::vector<int64_t> len_;
-};
-
-// Reference attention used by every cache: q [n_heads, head_dim] at query
-// position `q_pos` over keys/values in fp32 [n_kv_heads, stride, head_dim] whose
-// positions are key_pos[0..len). Keys must already be rotated.
-void attend_fp32(const float* q, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, const float* k,
-                 const float* v, int64_t stride, const int64_t* key_pos, int64_t len, int64_t q_pos,
-                 int64_t sliding_window, float* out);
 
 }  // namespace ptllm

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <immintrin.h>
 
 #include "core/error.h"
 #include "kv/cache_options.h"
@@ -12,25 +11,10 @@
 namespace ptllm {
 namespace {
 
-// fp16 -> fp32 for reading fp16 rows back every step. Scalar reference, and an
-// F16C path (8 per instruction) used when the CPU has it and ops is not forced
-// to scalar (ops::set_simd_level, used by tests).
-void widen_f16_scalar(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
-}
-__attribute__((target("avx,f16c"))) void widen_f16_f16c(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  widen_f16_scalar(src + i, dst + i, n - i);
-}
-void widen_f16(const uint16_t* src, float* dst, int64_t n) {
-  static const bool has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-  if (has_f16c && ops::simd_level() != ops::SimdLevel::Scalar)
-    widen_f16_f16c(src, dst, n);
-  else
-    widen_f16_scalar(src, dst, n);
-}
+// Logical slots [slot, slot + n) stored at physical rows [row, row + n).
+struct SlotPiece {
+  int64_t slot = 0, row = 0, n = 0;
+};
 
 // fp32 / fp16 / bf16 rows: a plain cast of each value. Elem is float or uint16_t.
 // Per head, rows [0, sink) hold the sinks (never evicted); the other rows are
@@ -74,20 +58,49 @@ class PlainStore : public KVStore {
       const Elem* src = data_.data() + (head * capacity_ + pc[i].row) * head_dim_;
       float* dst = out + pc[i].slot * head_dim_;
       const int64_t n = pc[i].n * head_dim_;
-      if constexpr (D == DType::F32) {
+      if constexpr (D == DType::F32)
         std::copy_n(src, n, dst);
-      } else if constexpr (D == DType::F16) {
-        widen_f16(src, dst, n);
-      } else {
+      else
         ops::to_f32(src, D, dst, n);
-      }
     }
   }
-  const float* fp32_base(int64_t head) const override {
-    if constexpr (D == DType::F32) return data_.data() + head * capacity_ * head_dim_;
-    return nullptr;
+  // fp32 rows are attended where they are, piece by piece; fp16/bf16 rows are
+  // read back by the cache first (the base class's staged path).
+  bool reads_in_place() const override { return D == DType::F32; }
+  void key_scores(int64_t head, const float* staged, const float* q, int64_t begin, int64_t end, const float* kcos,
+                  const float* ksin, float scale, float* scores) const override {
+    if constexpr (D != DType::F32) {
+      KVStore::key_scores(head, staged, q, begin, end, kcos, ksin, scale, scores);
+    } else {
+      const float* base = data_.data() + head * capacity_ * head_dim_;
+      SlotPiece pc[3];
+      const int np = pieces(begin, end, pc);
+      for (int j = 0; j < np; ++j)
+        ops::dot_rows(q, base + pc[j].row * head_dim_, pc[j].n, head_dim_, scale, scores + pc[j].slot);
+    }
   }
-  int pieces(int64_t begin, int64_t end, SlotPiece* out) const override {
+  void value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const override {
+    if constexpr (D != DType::F32) {
+      KVStore::value_sum(head, staged, p, len, out);
+    } else {
+      const float* base = data_.data() + head * capacity_ * head_dim_;
+      std::fill(out, out + head_dim_, 0.f);
+      SlotPiece pc[3];
+      const int np = pieces(0, len, pc);
+      for (int j = 0; j < np; ++j)
+        ops::weighted_sum_rows(p + pc[j].slot, base + pc[j].row * head_dim_, pc[j].n, head_dim_, out);
+    }
+  }
+  size_t payload_bytes() const override { return size_t(len_ * n_heads_ * head_dim_) * sizeof(Elem); }
+  void clear() override {
+    KVStore::clear();
+    ring_.clear();
+  }
+
+ private:
+  // Slots [begin, end) as physically contiguous pieces of rows, in slot order
+  // (at most 3: fixed sinks, ring tail, ring head). Returns the count.
+  int pieces(int64_t begin, int64_t end, SlotPiece* out) const {
     int k = 0;
     if (begin < sink_cap_ && begin < end) {
       const int64_t e = std::min(end, sink_cap_);
@@ -102,13 +115,6 @@ class PlainStore : public KVStore {
     }
     return k;
   }
-  size_t payload_bytes() const override { return size_t(len_ * n_heads_ * head_dim_) * sizeof(Elem); }
-  void clear() override {
-    KVStore::clear();
-    ring_.clear();
-  }
-
- private:
   static Elem encode(float x) {
     if constexpr (D == DType::F32) return x;
     if constexpr (D == DType::F16) return f32_to_f16(x);
@@ -124,6 +130,16 @@ kivi::QuantRange range_of(KVStorage s) {
 }
 
 }  // namespace
+
+void KVStore::key_scores(int64_t head, const float* staged, const float* q, int64_t begin, int64_t end,
+                         const float* kcos, const float* ksin, float scale, float* scores) const {
+  ops::dot_rows(q, staged + begin * head_dim_, end - begin, head_dim_, scale, scores + begin);
+}
+
+void KVStore::value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const {
+  std::fill(out, out + head_dim_, 0.f);
+  ops::weighted_sum_rows(p, staged, len, head_dim_, out);
+}
 
 std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim,
                                           int64_t sink) {

@@ -1,18 +1,19 @@
 // Storage of one layer's keys or values: [n_heads, slots, head_dim] in some
-// precision. The cache (kv_cache.h) owns two stores per layer and decides what
-// goes in (rotated or not) and what is evicted; a store only knows how to hold
-// rows, drop a slot range, and hand a head back as fp32.
+// precision. The cache (storage_cache.h) owns two stores per layer and decides
+// what goes in (rotated or not) and what is evicted; a store knows how to hold
+// rows, drop a slot range, hand a head back as fp32, and take part in
+// attention through one interface (key_scores / value_sum), so the cache has a
+// single attention path whatever the storage.
 //
-// Attention only ever receives fp32 rows from read()/fp32_pieces(): integer
-// codes never leave a store (grouped KIVI codes are read by fused kernels that
-// produce fp32 scores and sums, grouped_store.h).
+// Attention only ever receives fp32 scores and sums: integer codes never leave
+// a store (grouped KIVI stores call the fused kernels of ops/kivi_kernels.h,
+// which produce fp32 from the codes; stores that cannot be read in place are
+// read back as fp32 first).
 //
 // Eviction is O(1): StreamingLLM drops the oldest non-sink slot every step, so
 // stores keep their non-sink rows in a ring (RowRing) and evicting only moves
 // the ring's start. Slots stay in logical order (sinks first, then oldest to
-// newest); a slot range maps to at most three physically contiguous pieces. A grouped KIVI scheme (scales per group of G tokens plus
-// a full-precision residual window) is one more KVStore implementation; the
-// cache and attention do not change.
+// newest); a slot range maps to at most three physically contiguous pieces.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,11 +42,6 @@ struct RowRing {
   void clear() { start = count = 0; }
 };
 
-// Logical slots [slot, slot + n) stored at physical rows [row, row + n).
-struct SlotPiece {
-  int64_t slot = 0, row = 0, n = 0;
-};
-
 class KVStore {
  public:
   KVStore(int64_t n_heads, int64_t capacity, int64_t head_dim)
@@ -59,15 +55,21 @@ class KVStore {
   virtual void evict(int64_t begin, int64_t end) = 0;
   // All stored rows of `head` as fp32: out [size(), head_dim].
   virtual void read(int64_t head, float* out) const = 0;
-  // fp32 stores: the rows of `head` in place (no copy), [capacity, head_dim],
-  // else nullptr. Logical slots map to its rows through pieces().
-  virtual const float* fp32_base(int64_t head) const { return nullptr; }
-  // Slots [begin, end) as physically contiguous pieces of fp32_base() rows,
-  // in slot order (at most 3: fixed sinks, ring tail, ring head). Returns the count.
-  virtual int pieces(int64_t begin, int64_t end, SlotPiece* out) const {
-    out[0] = {begin, begin, end - begin};
-    return end > begin ? 1 : 0;
-  }
+
+  // ---- attention: StorageKVCache::attend calls these per (query, head, run of slots) ----
+  // True when attention reads the store where it is (fp32 rows, grouped KIVI
+  // codes). Otherwise the cache reads each head back with read() once per
+  // attend() (rotating pre-RoPE keys by slot) into `staged` [capacity,
+  // head_dim] and passes it to the calls below, which then read that.
+  virtual bool reads_in_place() const { return false; }
+  // K: scores[t] = scale * q . k_t for slots t in [begin, end). Pre-RoPE
+  // (quantised) keys are turned by slot t's row of kcos/ksin ([>= end,
+  // head_dim/2], from slot 0); keys stored rotated do not use them.
+  virtual void key_scores(int64_t head, const float* staged, const float* q, int64_t begin, int64_t end,
+                          const float* kcos, const float* ksin, float scale, float* scores) const;
+  // V: out[head_dim] = sum over slots t < len of p[t] v_t (p[t] == 0: skipped).
+  virtual void value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const;
+
   // Bytes of live payload (codes / values of stored rows) and of scales+zeros.
   virtual size_t payload_bytes() const = 0;
   virtual size_t scale_bytes() const { return 0; }

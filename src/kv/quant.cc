@@ -3,43 +3,6 @@
 #include <cmath>
 
 namespace ptllm::kivi {
-namespace {
-
-constexpr float kF16Max = 65504.f;
-
-float clamp_finite(float x) {
-  if (std::isnan(x)) return 0.f;
-  return x < -kF16Max ? -kF16Max : (x > kF16Max ? kF16Max : x);
-}
-// Neighbouring fp16 bit patterns (finite inputs only; callers clamp first).
-uint16_t next_down(uint16_t h) {
-  if (h == 0x0000u) return 0x8001u;  // +0 -> smallest negative subnormal
-  if (h & 0x8000u) return uint16_t(h + 1);  // negative (incl. -0): magnitude up
-  return uint16_t(h - 1);
-}
-uint16_t next_up(uint16_t h) {
-  if (h == 0x8000u) return 0x0001u;  // -0 -> smallest positive subnormal
-  if (h & 0x8000u) return uint16_t(h - 1);
-  return uint16_t(h + 1);
-}
-
-}  // namespace
-
-Half Half::nearest(float x) { return Half(f32_to_f16(clamp_finite(x))); }
-
-Half Half::round_down(float x) {
-  x = clamp_finite(x);
-  uint16_t h = f32_to_f16(x);
-  if (f16_to_f32(h) > x) h = next_down(h);
-  return Half(h);
-}
-
-Half Half::round_up(float x) {
-  x = clamp_finite(x);
-  uint16_t h = f32_to_f16(x);
-  if (f16_to_f32(h) < x) h = next_up(h);
-  return Half(h);
-}
 
 AffineParams choose_params(float min, float max, QuantRange r) {
   AffineParams p;
@@ -93,43 +56,16 @@ void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r) {
   b = (i & 1) ? uint8_t((b & 0x0f) | ((u & 0x0f) << 4)) : uint8_t((b & 0xf0) | (u & 0x0f));
 }
 
-// Codes of one row as bytes: int4 is unpacked first so the conversion loops
-// below are plain, vectorisable byte -> float arithmetic.
-static inline const uint8_t* unpacked(const uint8_t* row, int64_t n, QuantRange r, uint8_t* tmp) {
-  if (r.bits == 8) return row;
-  if (r.bits == 2) {
-    for (int64_t j = 0; j < n / 4; ++j) {
-      const uint8_t b = row[j];
-      tmp[4 * j] = b & 0x03;
-      tmp[4 * j + 1] = (b >> 2) & 0x03;
-      tmp[4 * j + 2] = (b >> 4) & 0x03;
-      tmp[4 * j + 3] = b >> 6;
-    }
-    for (int64_t i = n / 4 * 4; i < n; ++i) tmp[i] = (row[i / 4] >> (2 * (i & 3))) & 0x03;
-    return tmp;
-  }
-  for (int64_t j = 0; j < n / 2; ++j) {
-    tmp[2 * j] = row[j] & 0x0f;
-    tmp[2 * j + 1] = row[j] >> 4;
-  }
-  if (n & 1) tmp[n - 1] = row[n / 2] & 0x0f;
-  return tmp;
-}
-
-const uint8_t* unpack_row(const uint8_t* row, int64_t n, QuantRange r, uint8_t* tmp) {
-  return unpacked(row, n, r, tmp);
-}
-
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const float* __restrict scale,
                     const float* __restrict zero, float* __restrict out) {
   uint8_t tmp[1024];
-  const uint8_t* __restrict u = unpacked(row, n, r, tmp);
+  const uint8_t* __restrict u = unpack_row(row, n, r, tmp);
   for (int64_t i = 0; i < n; ++i) out[i] = float(u[i]) * scale[i] + zero[i];
 }
 
 void dequantise_row(const uint8_t* row, int64_t n, QuantRange r, const WideParams& w, float* __restrict out) {
   uint8_t tmp[1024];
-  const uint8_t* __restrict u = unpacked(row, n, r, tmp);
+  const uint8_t* __restrict u = unpack_row(row, n, r, tmp);
   const float s = w.scale, z = w.zero;
   for (int64_t i = 0; i < n; ++i) out[i] = float(u[i]) * s + z;
 }
@@ -138,7 +74,7 @@ void code_range(const uint8_t* rows, int64_t n_rows, size_t stride, int64_t n, Q
                 uint8_t* umax) {
   uint8_t tmp[1024];
   for (int64_t t = 0; t < n_rows; ++t) {
-    const uint8_t* __restrict u = unpacked(rows + size_t(t) * stride, n, r, tmp);
+    const uint8_t* __restrict u = unpack_row(rows + size_t(t) * stride, n, r, tmp);
     for (int64_t c = 0; c < n; ++c) {
       umin[c] = u[c] < umin[c] ? u[c] : umin[c];
       umax[c] = u[c] > umax[c] ? u[c] : umax[c];

@@ -6,30 +6,9 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kv/grouped_store.h"
 #include "ops/ops.h"
 
 namespace ptllm {
-
-void attend_head(const float* q, const float* k, const float* v, int64_t len, int64_t hd, const int64_t* key_pos,
-                 int64_t q_pos, int64_t window, float* scores, float* out) {
-  const float scale = 1.0f / std::sqrt(float(hd));
-  std::fill(out, out + hd, 0.f);
-  bool any = false;
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t p = key_pos[t];
-    if (p <= q_pos && (window <= 0 || p > q_pos - window)) {
-      scores[t] = ops::dot_f32(q, k + t * hd, hd) * scale;
-      any = true;
-    } else {
-      scores[t] = -INFINITY;
-    }
-  }
-  if (!any) return;
-  ops::softmax(scores, len);
-  for (int64_t t = 0; t < len; ++t)
-    if (scores[t] != 0.f) ops::axpy(scores[t], v + t * hd, out, hd);
-}
 
 StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheOptions& o) : KVCache(s), opt_(o) {
   validate(o);
@@ -43,8 +22,6 @@ StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheOptions& o) : K
   for (int64_t l = 0; l < s.n_layers; ++l) {
     k_.push_back(make_store(true, o, sink, s.n_kv_heads, s.capacity, s.head_dim));
     v_.push_back(make_store(false, o, sink, s.n_kv_heads, s.capacity, s.head_dim));
-    kg_.push_back(dynamic_cast<const GroupedKiviStore*>(k_.back().get()));
-    vg_.push_back(dynamic_cast<const GroupedKiviStore*>(v_.back().get()));
     pos_.emplace_back();
     pos_.back().reserve(size_t(s.capacity));
   }
@@ -121,8 +98,6 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   const bool reposition = opt_.rope_mode == RopeMode::Reposition;
   const KVStore& ks = *k_[size_t(layer)];
   const KVStore& vs = *v_[size_t(layer)];
-  const GroupedKiviStore* kg = kg_[size_t(layer)];
-  const GroupedKiviStore* vg = vg_[size_t(layer)];
   const int64_t* kp = pos_[size_t(layer)].data();
   const int64_t window = s.window_of(layer);
 
@@ -167,32 +142,35 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   // place (fp16/bf16, the simple KIVI scheme) are read back as fp32 into
   // kbuf_/vbuf_, pre-RoPE keys rotated by slot. fp32 stores are read in place
   // and grouped KIVI stores by the fused kernels (nothing is dequantised).
-  const bool k_inplace = kg || ks.fp32_base(0), v_inplace = vg || vs.fp32_base(0);
-  if (!k_inplace || !v_inplace) {
+  const bool k_staged = !ks.reads_in_place(), v_staged = !vs.reads_in_place();
+  if (k_staged || v_staged) {
 #pragma omp parallel for schedule(static) if (KVH > 1)
     for (int64_t h = 0; h < KVH; ++h) {
-      if (!k_inplace) {
+      if (k_staged) {
         float* kb = kbuf_.data() + h * s.capacity * hd;
         ks.read(h, kb);
         if (keys_prerope_)
           for (int64_t t = 0; t < len; ++t) rope_.apply(kb + t * hd, 1, &cos_[size_t(t * half)], &sin_[size_t(t * half)]);
       }
-      if (!v_inplace) vs.read(h, vbuf_.data() + h * s.capacity * hd);
+      if (v_staged) vs.read(h, vbuf_.data() + h * s.capacity * hd);
     }
   }
+  const float* kcos = keys_prerope_ ? cos_.data() : nullptr;
+  const float* ksin = keys_prerope_ ? sin_.data() : nullptr;
 
-  // Phase 2, parallel over (query, head): softmax attention; scores and the
-  // weighted sum come from fp32 rows or straight from grouped codes.
+  // Phase 2, parallel over (query, head): softmax attention. Scores and the
+  // weighted sum come from the stores (one virtual call per run of slots).
   const int64_t qstride = s.n_heads * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel
   {
     std::vector<float> qr(static_cast<size_t>(hd)), scores(static_cast<size_t>(std::max<int64_t>(len, 1)));
-    SlotPiece pc[3];
 #pragma omp for schedule(static)
     for (int64_t ih = 0; ih < n * s.n_heads; ++ih) {
       const int64_t i = ih / s.n_heads, h = ih % s.n_heads, kvh = h / group;
       float* o = out + i * qstride + h * hd;
+      const float* kstage = k_staged ? kbuf_.data() + kvh * s.capacity * hd : nullptr;
+      const float* vstage = v_staged ? vbuf_.data() + kvh * s.capacity * hd : nullptr;
       // Causal by slot: query i sees slots 0..first+i.
       const int64_t li = first + i + 1, q_pos = kp[first + i];
       for (int64_t r = 0; r < nr; ++r) {
@@ -200,15 +178,7 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
         if (b >= e) break;
         std::copy_n(q + i * qstride + h * hd, hd, qr.data());
         rope_.apply(qr.data(), 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
-        if (kg) {
-          fused_key_scores(*kg, kvh, qr.data(), b, e, cos_.data(), sin_.data(), scale, scores.data());
-        } else if (const float* kbase = ks.fp32_base(kvh)) {
-          const int np = ks.pieces(b, e, pc);
-          for (int j = 0; j < np; ++j)
-            ops::dot_rows(qr.data(), kbase + pc[j].row * hd, pc[j].n, hd, scale, scores.data() + pc[j].slot);
-        } else {
-          ops::dot_rows(qr.data(), kbuf_.data() + (kvh * s.capacity + b) * hd, e - b, hd, scale, scores.data() + b);
-        }
+        ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, scores.data());
       }
       bool any = false;
       for (int64_t t = 0; t < li; ++t) {
@@ -223,18 +193,7 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
         continue;
       }
       ops::softmax(scores.data(), li);
-      if (vg) {
-        fused_value_sum(*vg, kvh, scores.data(), li, o);
-      } else {
-        std::fill(o, o + hd, 0.f);
-        if (const float* vbase = vs.fp32_base(kvh)) {
-          const int np = vs.pieces(0, li, pc);
-          for (int j = 0; j < np; ++j)
-            ops::weighted_sum_rows(scores.data() + pc[j].slot, vbase + pc[j].row * hd, pc[j].n, hd, o);
-        } else {
-          ops::weighted_sum_rows(scores.data(), vbuf_.data() + kvh * s.capacity * hd, li, hd, o);
-        }
-      }
+      vs.value_sum(kvh, vstage, scores.data(), li, o);
     }
   }
 }

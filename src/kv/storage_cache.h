@@ -1,7 +1,7 @@
 // The cache behind every --kv-quantize / --streaming-llm-* setting: two
-// KVStores per layer (K and V in fp32, fp16, bf16 or KIVI int8/int4), an
-// optional StreamingLLM bound (N sinks + last M tokens), and attention that
-// reads each head back as fp32.
+// KVStores per layer (K and V in fp32, fp16, bf16 or KIVI int8/int4/int2), an
+// optional StreamingLLM bound (N sinks + last M tokens), and attention over
+// what the stores hold.
 //
 // RoPE: with `reposition` (default) a query at slot s sees the key at slot t
 // at distance s - t (positions 0..len-1 by slot); without eviction slot ==
@@ -11,8 +11,10 @@
 // un-rotated (better per-channel statistics) and rotated by slot at read time;
 // the query's rotation per run of slots makes up the difference (attend()).
 // Eviction is O(1): stores keep their non-sink rows in rings (kv_store.h).
-// Grouped KIVI stores are attended by fused kernels straight from their codes
-// (grouped_store.h).
+// Attention has one path for every storage: each store gives the scores of a
+// query against a run of its slots and the weighted sum of its values
+// (KVStore::key_scores / value_sum); grouped KIVI stores compute both straight
+// from their codes.
 #pragma once
 #include <memory>
 #include <vector>
@@ -21,8 +23,6 @@
 #include "kv/kv_store.h"
 
 namespace ptllm {
-
-class GroupedKiviStore;
 
 class StorageKVCache : public KVCache {
  public:
@@ -50,8 +50,6 @@ class StorageKVCache : public KVCache {
  private:
   CacheOptions opt_;
   std::vector<std::unique_ptr<KVStore>> k_, v_;  // per layer
-  // The same stores when they are grouped KIVI (read by the fused kernels), else nullptr.
-  std::vector<const GroupedKiviStore*> kg_, vg_;
   // Keys stored before RoPE (quantised K) and rotated by slot at read time.
   bool keys_prerope_ = true;
   std::vector<std::vector<int64_t>> pos_;        // per layer: absolute position of each slot
@@ -59,17 +57,9 @@ class StorageKVCache : public KVCache {
   // demand up to the capacity, so decoding does no sincos per key.
   std::vector<float> cos_, sin_;
   void ensure_slot_table(int64_t len);
-  // fp32 read-back of one layer's K and V, [n_kv_heads, capacity, head_dim] each.
+  // fp32 read-back of one layer's K and V for stores that are not read in
+  // place, [n_kv_heads, capacity, head_dim] each.
   std::vector<float> kbuf_, vbuf_;
 };
 
-}  // namespace ptllm
-
-namespace ptllm {
-// Attention of one query head over fp32 keys (already rotated) and values,
-// both [len, head_dim]; slot t is visible when key_pos[t] is within the
-// model's window of q_pos (window 0 = none). scores: scratch of len floats.
-// Only fp32 pointers are accepted: quantised codes cannot reach the softmax.
-void attend_head(const float* q, const float* k, const float* v, int64_t len, int64_t head_dim,
-                 const int64_t* key_pos, int64_t q_pos, int64_t window, float* scores, float* out);
 }  // namespace ptllm

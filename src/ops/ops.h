@@ -1,7 +1,10 @@
 // Compute kernels. Every kernel has a scalar reference implementation; the
-// SIMD variants (AVX2+FMA+F16C, AVX-512F) are selected once at start-up from
-// the CPU's features and can be forced for tests with set_simd_level().
-// Arithmetic is fp32 whatever the storage dtype.
+// SIMD variants (AVX2+FMA+F16C, AVX-512F) are selected from the CPU's
+// features by one mechanism (dispatch.h) and can be forced for tests with
+// set_simd_level(). Arithmetic is fp32 whatever the storage dtype.
+// Files: ops.cc (dispatch, dots, to_f32), matmul.cc, elementwise.cc
+// (rmsnorm, silu_mul, softmax, axpy), attention_kernels.cc (dot_rows*,
+// weighted_sum_rows), kivi_kernels.h (attention on packed KIVI codes), rope.h.
 #pragma once
 #include <cstdint>
 #include <string_view>
@@ -52,6 +55,11 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
 void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores);
 // out[:] += sum_t p[t] * v[t, :], rows with p[t] == 0 skipped (masked keys).
 void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, float* out);
+// Pre-RoPE keys: scores[t] = scale * q · R(t) k[t, :], where R(t) rotates the
+// rotate-half pairs (i, i + hd/2) by kcos/ksin row t ([n, hd/2] each, starting
+// at the same slot as k). The key is never rotated in memory.
+void dot_rows_rotated(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
+                      float scale, float* scores);
 
 // out = x / rms(x) * weight, over `dim` elements, for n rows.
 void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out);

@@ -257,8 +257,31 @@ struct Decoder {
   bool has(Kind k) const;
 };
 
+// Tokenizers from GGUF metadata (gguf_vocab.h), encoded and decoded with
+// llama.cpp's rules instead of the HF pipeline. The vocabulary itself lives in
+// Impl::bpe (vocab, vocab_map; merges and raw-byte tables for "gpt2").
+struct LlamaVocab {
+  bool spm = true;                      // model "llama"; false = "gpt2"
+  std::vector<float> scores;            // by id (SPM merge priority)
+  std::vector<int32_t> type;            // by id, GgufTokenType values
+  std::vector<int32_t> specials;        // control/user-defined/unknown ids, longest text first
+  std::vector<uint8_t> lstrip, rstrip;  // by id: eat whitespace around a matched special
+  bool add_space_prefix = false, add_bos = false, add_eos = false;
+  // SPM: every token holding U+2581 has it only as a leading run, so no merge
+  // can join "x" and a following U+2581 (x not U+2581): valid UTF-8 text is cut
+  // there and each part merged alone, with identical ids (as Bpe::split_marker).
+  bool spm_cut = false;
+  int32_t bos = -1, eos = -1;
+  std::string where;                    // source, for errors
+  std::vector<std::shared_ptr<Regex>> splits;  // gpt2: pre-tokenizer regexes, applied in order
+  std::vector<int32_t> encode(const Impl& t, std::string_view text, bool add_special, bool parse_special) const;
+  std::string decode(const Impl& t, std::span<const int32_t> ids, bool skip_special) const;
+  void spm_tokenize(const Impl& t, std::string_view text, std::vector<int32_t>& out) const;
+};
+
 struct Impl {
   Bpe bpe;
+  std::shared_ptr<const LlamaVocab> llama;  // set for GGUF vocabularies
   std::optional<Normalizer> normalizer;
   std::optional<PreTokenizer> pre_tokenizer;
   PostProcessor post;
@@ -278,13 +301,19 @@ struct Impl {
 
   // Piece used when decoding id (added-token content or vocab string).
   const std::string* piece(int32_t id) const;
-  std::vector<int32_t> encode(std::string_view text, bool add_special) const;
+  // parse_special = false: special added tokens written in the text are
+  // encoded as plain text (HF's encode_special_tokens; llama.cpp's
+  // parse_special = false).
+  std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special = true) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const;
   bool skipped(int32_t id, bool skip_special) const {
     return skip_special && id >= 0 && size_t(id) < is_special.size() && is_special[size_t(id)];
   }
   bool is_byte_piece(int32_t id) const;  // "<0xHH>" handled by ByteFallback
 };
+
+// Distinct per loaded model (keys the per-thread BPE word cache).
+uint64_t next_model_uid();
 
 std::shared_ptr<Impl> load_impl(std::string_view json_text, std::string_view config_text,
                                 const std::string& where);

@@ -178,6 +178,7 @@ bool Impl::is_byte_piece(int32_t id) const {
 }
 
 std::string Impl::decode(std::span<const int32_t> ids, bool skip_special) const {
+  if (llama) return llama->decode(*this, ids, skip_special);
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -231,6 +232,12 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   return impl_->encode(text, add_special_tokens);
 }
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens, bool parse_special) const {
+  return impl_->encode(text, add_special_tokens, parse_special);
+}
+
+bool Tokenizer::is_gguf_vocab() const { return impl_->llama != nullptr; }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);

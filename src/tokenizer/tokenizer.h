@@ -20,6 +20,7 @@ namespace ptllm {
 namespace tok_detail {
 struct Impl;
 }
+struct GgufVocab;
 
 class Tokenizer {
  public:
@@ -35,6 +36,9 @@ class Tokenizer {
   // always recognised (as HF does); add_special_tokens only controls the
   // post-processor (e.g. the BOS of a TemplateProcessing).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  // parse_special = false: special tokens written in the text are encoded as
+  // ordinary text (llama.cpp's parse_special; HF's encode_special_tokens).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens, bool parse_special) const;
   // Decodes ids through the tokenizer's decoder pipeline. Ids outside
   // [0, vocab_size()) throw ptllm::Error.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
@@ -49,10 +53,14 @@ class Tokenizer {
 
   // Extra helpers (not part of the required interface).
   bool is_special(int32_t id) const;  // added token flagged "special"
+  // Built from GGUF tokenizer.ggml.* metadata (gguf_vocab.h): llama.cpp's
+  // encoding rules rather than the HF pipeline.
+  bool is_gguf_vocab() const;
   const tok_detail::Impl& impl() const { return *impl_; }
 
  private:
   explicit Tokenizer(std::shared_ptr<const tok_detail::Impl> impl) : impl_(std::move(impl)) {}
+  friend Tokenizer tokenizer_from_gguf_vocab(const GgufVocab& v, const std::string& where);
   // Immutable after construction, so copies/moves are cheap and the object can
   // be shared across threads.
   std::shared_ptr<const tok_detail::Impl> impl_;

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kv/cache_options.h"
+#include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
 #include "model/model.h"
 #include "sampling/sampler.h"

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kv/cache_options.h"
 #include "kv/grouped_store.h"
+#include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
 #include "ops/ops.h"
 

@@ -10,6 +10,7 @@
 
 #include "kv/cache_options.h"
 #include "kv/quant.h"
+#include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
 
 namespace ptllm {

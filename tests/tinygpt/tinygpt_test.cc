@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "engine/session.h"
 #include "io/safetensors.h"
+#include "kv/reference_cache.h"
 #include "model/model.h"
 #include "test_util.h"
 

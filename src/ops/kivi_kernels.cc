@@ -1,23 +1,26 @@
-// Fused attention on grouped KIVI storage (declared in grouped_store.h): q·k
-// and p·v straight from the packed int8/int4/int2 codes and their fp16
-// parameters, never writing a dequantised K or V.
-//
-// Each inner loop has a scalar reference and AVX2 / AVX-512 variants chosen by
-// ops::simd_level() (tests force each level and compare). The SIMD variants
-// need head_dim a multiple of 32 for K (each half of the rotate-half pair in
-// 16-code blocks) and of 16 for V; other sizes use the scalar loop.
+// Fused KIVI attention kernels (kivi_kernels.h): q·k and p·v straight from
+// the packed int8/int4/int2 codes and their fp16 parameters. Scalar
+// references, AVX2 and AVX-512 variants, chosen by pick() (dispatch.h).
+#include "ops/kivi_kernels.h"
+
 #include <immintrin.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 
-#include "kv/grouped_store.h"
-#include "ops/ops.h"
+#include "ops/dispatch.h"
 #include "ops/rope.h"
+#include "ops/simd_util.h"
 
-namespace ptllm {
+// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
+// once inlined; the warnings are about the headers, not this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ptllm::ops {
 namespace {
+
+using detail::hsum8;
+using detail::pick;
 
 constexpr int64_t kHalfMax = kMaxHeadDim / 2;
 
@@ -57,13 +60,21 @@ __attribute__((target("avx2,fma,f16c"))) void fold_group_f16c(const float* q, co
     c.C2[i] = qh * lz - ql * hz;
   }
 }
+// Position in a ring of code rows (cap rows, oldest at `start`).
+struct RingPos {
+  int64_t cap = 0, start = 0;
+  int64_t phys(int64_t j) const {
+    const int64_t p = start + j;
+    return p >= cap ? p - cap : p;
+  }
+};
 
 // Quantised tokens t0 .. t0+n-1 of one head: codes at rows ring.phys(t) of
 // `base`; cos/sin rows and scores start at the first of them.
 struct TokenRun {
   const uint8_t* base;
   size_t row;
-  RowRing ring;
+  RingPos ring;
   int64_t t0, n;
 };
 
@@ -194,13 +205,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline void widen16(__m128i x
   hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)));
 }
 
-__attribute__((target("avx2,fma"), always_inline)) inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <int BITS, int NB>
 __attribute__((target("avx2,fma"))) void key_run_avx2(const TokenRun& run, const KeyCoef& c, const float* kcos,
                                                       const float* ksin, float* scores) {
@@ -257,187 +261,80 @@ __attribute__((target("avx2,fma,f16c"))) void value_run_avx2(const TokenRun& run
   for (int b = 0; b < 2 * NB; ++b) _mm256_storeu_ps(acc_out + 8 * b, acc[b]);
   bias = b_acc;
 }
-
-// ---- pre-RoPE fp32 rows (sinks, residual): scale * q . R(t) k ----
-
-void rot_rows_scalar(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
-                     float scale, float* scores) {
-  const int64_t half = hd / 2;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* kt = k + t * hd;
-    const float* c = kcos + t * half;
-    const float* sn = ksin + t * half;
-    float acc = 0.f;
-    for (int64_t i = 0; i < half; ++i)
-      acc += c[i] * (q[i] * kt[i] + q[i + half] * kt[i + half]) + sn[i] * (q[i + half] * kt[i] - q[i] * kt[i + half]);
-    scores[t] = scale * acc;
-  }
-}
-
-template <int NB>
-__attribute__((target("avx512f,avx2,fma"))) void rot_rows_avx512(const float* q, const float* k, int64_t n,
-                                                                 const float* kcos, const float* ksin, float scale,
-                                                                 float* scores) {
-  constexpr int64_t half = 16 * NB, hd = 2 * half;
-  __m512 ql[NB], qh[NB];
-  for (int b = 0; b < NB; ++b) {
-    ql[b] = _mm512_loadu_ps(q + 16 * b);
-    qh[b] = _mm512_loadu_ps(q + half + 16 * b);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int b = 0; b < NB; ++b) {
-      const __m512 kl = _mm512_loadu_ps(k + t * hd + 16 * b), kh = _mm512_loadu_ps(k + t * hd + half + 16 * b);
-      const __m512 a = _mm512_fmadd_ps(qh[b], kh, _mm512_mul_ps(ql[b], kl));
-      const __m512 bb = _mm512_fnmadd_ps(ql[b], kh, _mm512_mul_ps(qh[b], kl));
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(kcos + t * half + 16 * b), a, acc);
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(ksin + t * half + 16 * b), bb, acc);
-    }
-    scores[t] = scale * _mm512_reduce_add_ps(acc);
-  }
-}
-
-template <int NB>
-__attribute__((target("avx2,fma"))) void rot_rows_avx2(const float* q, const float* k, int64_t n, const float* kcos,
-                                                      const float* ksin, float scale, float* scores) {
-  constexpr int64_t half = 8 * NB, hd = 2 * half;
-  for (int64_t t = 0; t < n; ++t) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < NB; ++b) {
-      const __m256 ql = _mm256_loadu_ps(q + 8 * b), qh = _mm256_loadu_ps(q + half + 8 * b);
-      const __m256 kl = _mm256_loadu_ps(k + t * hd + 8 * b), kh = _mm256_loadu_ps(k + t * hd + half + 8 * b);
-      const __m256 a = _mm256_fmadd_ps(qh, kh, _mm256_mul_ps(ql, kl));
-      const __m256 bb = _mm256_fnmadd_ps(ql, kh, _mm256_mul_ps(qh, kl));
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(kcos + t * half + 8 * b), a, acc);
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(ksin + t * half + 8 * b), bb, acc);
-    }
-    scores[t] = scale * hsum8(acc);
-  }
-}
-
-// scores[t] = scale * q . R(t) k_t for n consecutive fp32 rows k [n, hd] with
-// cos/sin rows [n, hd/2] starting at the same slot.
-void rotated_rows(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
-                  float scale, float* scores) {
-  if (n <= 0) return;
-  const ops::SimdLevel l = ops::simd_level();
-  const int64_t half = hd / 2;
-  if (l == ops::SimdLevel::Avx512) {
-    switch (half) {
-      case 16: return rot_rows_avx512<1>(q, k, n, kcos, ksin, scale, scores);
-      case 32: return rot_rows_avx512<2>(q, k, n, kcos, ksin, scale, scores);
-      case 64: return rot_rows_avx512<4>(q, k, n, kcos, ksin, scale, scores);
-      default: break;
-    }
-  }
-  if (l != ops::SimdLevel::Scalar) {
-    switch (half) {
-      case 8: return rot_rows_avx2<1>(q, k, n, kcos, ksin, scale, scores);
-      case 16: return rot_rows_avx2<2>(q, k, n, kcos, ksin, scale, scores);
-      case 32: return rot_rows_avx2<4>(q, k, n, kcos, ksin, scale, scores);
-      case 64: return rot_rows_avx2<8>(q, k, n, kcos, ksin, scale, scores);
-      default: break;
-    }
-  }
-  rot_rows_scalar(q, k, n, hd, kcos, ksin, scale, scores);
-}
-
-// ---- dispatch ----
+// ---- dispatch: the variant for (bits, head_dim) at the current level ----
 
 using KeyRunFn = void (*)(const TokenRun&, const KeyCoef&, const float*, const float*, float*);
 using ValueRunFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float*, float&);
 
-template <int BITS>
-KeyRunFn key_kernel(ops::SimdLevel level, int64_t half) {
-  const bool a512 = level == ops::SimdLevel::Avx512, a2 = level != ops::SimdLevel::Scalar;
+// Null when there is no variant of that ISA for this size.
+template <int BITS, bool A512>
+KeyRunFn key_variant(int64_t half) {
   switch (half) {
-    case 16: return a512 ? key_run_avx512<BITS, 1> : a2 ? key_run_avx2<BITS, 1> : nullptr;
-    case 32: return a512 ? key_run_avx512<BITS, 2> : a2 ? key_run_avx2<BITS, 2> : nullptr;
-    case 64: return a512 ? key_run_avx512<BITS, 4> : a2 ? key_run_avx2<BITS, 4> : nullptr;
-    case 128: return a512 ? key_run_avx512<BITS, 8> : a2 ? key_run_avx2<BITS, 8> : nullptr;
+    case 16: return A512 ? key_run_avx512<BITS, 1> : key_run_avx2<BITS, 1>;
+    case 32: return A512 ? key_run_avx512<BITS, 2> : key_run_avx2<BITS, 2>;
+    case 64: return A512 ? key_run_avx512<BITS, 4> : key_run_avx2<BITS, 4>;
+    case 128: return A512 ? key_run_avx512<BITS, 8> : key_run_avx2<BITS, 8>;
     default: return nullptr;
   }
 }
-
-template <int BITS>
-ValueRunFn value_kernel(ops::SimdLevel level, int64_t hd) {
-  const bool a512 = level == ops::SimdLevel::Avx512, a2 = level != ops::SimdLevel::Scalar;
+template <int BITS, bool A512>
+ValueRunFn value_variant(int64_t hd) {
   switch (hd) {
-    case 16: return a512 ? value_run_avx512<BITS, 1> : a2 ? value_run_avx2<BITS, 1> : nullptr;
-    case 32: return a512 ? value_run_avx512<BITS, 2> : a2 ? value_run_avx2<BITS, 2> : nullptr;
-    case 64: return a512 ? value_run_avx512<BITS, 4> : a2 ? value_run_avx2<BITS, 4> : nullptr;
-    case 128: return a512 ? value_run_avx512<BITS, 8> : a2 ? value_run_avx2<BITS, 8> : nullptr;
-    case 256: return a512 ? value_run_avx512<BITS, 16> : a2 ? value_run_avx2<BITS, 16> : nullptr;
+    case 16: return A512 ? value_run_avx512<BITS, 1> : value_run_avx2<BITS, 1>;
+    case 32: return A512 ? value_run_avx512<BITS, 2> : value_run_avx2<BITS, 2>;
+    case 64: return A512 ? value_run_avx512<BITS, 4> : value_run_avx2<BITS, 4>;
+    case 128: return A512 ? value_run_avx512<BITS, 8> : value_run_avx2<BITS, 8>;
+    case 256: return A512 ? value_run_avx512<BITS, 16> : value_run_avx2<BITS, 16>;
     default: return nullptr;
   }
 }
-
+template <int BITS>
+KeyRunFn pick_key_bits(int64_t half) {
+  return pick<KeyRunFn>(nullptr, key_variant<BITS, false>(half), key_variant<BITS, true>(half));
+}
+template <int BITS>
+ValueRunFn pick_value_bits(int64_t hd) {
+  return pick<ValueRunFn>(nullptr, value_variant<BITS, false>(hd), value_variant<BITS, true>(hd));
+}
+// Null: the scalar reference.
 KeyRunFn pick_key(kivi::QuantRange r, int64_t half) {
-  const ops::SimdLevel l = ops::simd_level();
-  return r.bits == 8 ? key_kernel<8>(l, half) : r.bits == 4 ? key_kernel<4>(l, half) : key_kernel<2>(l, half);
+  return r.bits == 8 ? pick_key_bits<8>(half) : r.bits == 4 ? pick_key_bits<4>(half) : pick_key_bits<2>(half);
 }
 ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) {
-  const ops::SimdLevel l = ops::simd_level();
-  return r.bits == 8 ? value_kernel<8>(l, hd) : r.bits == 4 ? value_kernel<4>(l, hd) : value_kernel<2>(l, hd);
+  return r.bits == 8 ? pick_value_bits<8>(hd) : r.bits == 4 ? pick_value_bits<4>(hd) : pick_value_bits<2>(hd);
 }
 
 }  // namespace
 
-void fused_key_scores(const GroupedKiviStore& K, int64_t head, const float* q, int64_t begin, int64_t end,
-                      const float* kcos, const float* ksin, float scale, float* scores) {
-  const int64_t hd = K.head_dim(), half = hd / 2;
-  const int64_t ns = K.n_sink(), nq = K.n_quant();
-  // Sinks: fp32.
-  const float* sk = K.sink_rows(head);
-  const int64_t se = std::min(end, ns);
-  if (begin < se)
-    rotated_rows(q, sk + begin * hd, se - begin, hd, kcos + begin * half, ksin + begin * half, scale, scores + begin);
-  // Quantised groups: scales and zeros folded into the query once per group.
-  const int64_t qb = std::max<int64_t>(begin - ns, 0), qe = std::min(end - ns, nq);  // quantised indices
-  if (qb < qe) {
-    const KeyRunFn simd = pick_key(K.range(), half);
-    KeyCoef coef;
-    const auto& sizes = K.group_sizes();
-    int64_t g0 = 0;  // first token of group g
-    for (size_t g = 0; g < sizes.size() && g0 < qe; g0 += sizes[g], ++g) {
-      const int64_t a = std::max(g0, qb), b = std::min(g0 + sizes[g], qe);
-      if (a >= b) continue;
-      if (simd)
-        fold_group_f16c(q, K.group_params(head, int64_t(g)), half, scale, coef);
-      else
-        fold_group(q, K.group_params(head, int64_t(g)), half, scale, coef);
-      const TokenRun run{K.code_base(head), K.row_bytes(), K.ring(), a, b - a};
-      const int64_t slot = ns + a;
-      if (simd)
-        simd(run, coef, kcos + slot * half, ksin + slot * half, scores + slot);
-      else
-        key_run_scalar(run, K.range(), hd, coef, kcos + slot * half, ksin + slot * half, scores + slot);
-    }
-  }
-  // Residual: fp32.
-  const float* rk = K.resid_rows(head);
-  const int64_t rb = std::max(begin, ns + nq);
-  if (rb < end)
-    rotated_rows(q, rk + (rb - ns - nq) * hd, end - rb, hd, kcos + rb * half, ksin + rb * half, scale, scores + rb);
+void kivi_key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* q,
+                     float scale, const float* kcos, const float* ksin, float* scores) {
+  if (n <= 0) return;
+  const int64_t hd = k.head_dim, half = hd / 2;
+  const KeyRunFn simd = pick_key(k.range, half);
+  KeyCoef coef;
+  if (simd)
+    fold_group_f16c(q, params, half, scale, coef);
+  else
+    fold_group(q, params, half, scale, coef);
+  const TokenRun run{k.base, k.row_bytes, {k.cap, k.start}, t0, n};
+  if (simd)
+    simd(run, coef, kcos, ksin, scores);
+  else
+    key_run_scalar(run, k.range, hd, coef, kcos, ksin, scores);
 }
 
-void fused_value_sum(const GroupedKiviStore& V, int64_t head, const float* p, int64_t len, float* out) {
-  const int64_t hd = V.head_dim(), ns = V.n_sink(), nq = V.n_quant();
-  std::fill(out, out + hd, 0.f);
-  ops::weighted_sum_rows(p, V.sink_rows(head), std::min(len, ns), hd, out);
-  // sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + sum_t p_t z_t
-  const int64_t qend = std::min(nq, len - ns);
-  if (qend > 0) {
-    alignas(64) float acc[kMaxHeadDim] = {};
-    float bias = 0.f;
-    const TokenRun run{V.code_base(head), V.row_bytes(), V.ring(), 0, qend};
-    if (const ValueRunFn simd = pick_value(V.range(), hd))
-      simd(run, V.token_param_base(head), p + ns, acc, bias);
-    else
-      value_run_scalar(run, V.range(), hd, V.token_param_base(head), p + ns, acc, bias);
-    for (int64_t i = 0; i < hd; ++i) out[i] += acc[i] + bias;
-  }
-  if (len > ns + nq) ops::weighted_sum_rows(p + ns + nq, V.resid_rows(head), len - ns - nq, hd, out);
+void kivi_value_sum(const KiviCodes& v, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* p,
+                    float* out) {
+  if (n <= 0) return;
+  const int64_t hd = v.head_dim;
+  alignas(64) float acc[kMaxHeadDim] = {};
+  float bias = 0.f;
+  const TokenRun run{v.base, v.row_bytes, {v.cap, v.start}, t0, n};
+  if (const ValueRunFn simd = pick_value(v.range, hd))
+    simd(run, params, p, acc, bias);
+  else
+    value_run_scalar(run, v.range, hd, params, p, acc, bias);
+  for (int64_t i = 0; i < hd; ++i) out[i] += acc[i] + bias;
 }
 
-}  // namespace ptllm
+}  // namespace ptllm::ops

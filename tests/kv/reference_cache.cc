@@ -1,4 +1,4 @@
-#include "kv/kv_cache.h"
+#include "kv/reference_cache.h"
 
 #include <algorithm>
 #include <cmath>
@@ -95,6 +95,26 @@ size_t Fp32KVCache::payload_bytes() const {
 void Fp32KVCache::clear() {
   KVCache::clear();
   std::fill(len_.begin(), len_.end(), 0);
+}
+
+void attend_head(const float* q, const float* k, const float* v, int64_t len, int64_t hd, const int64_t* key_pos,
+                 int64_t q_pos, int64_t window, float* scores, float* out) {
+  const float scale = 1.0f / std::sqrt(float(hd));
+  std::fill(out, out + hd, 0.f);
+  bool any = false;
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t p = key_pos[t];
+    if (p <= q_pos && (window <= 0 || p > q_pos - window)) {
+      scores[t] = ops::dot_f32(q, k + t * hd, hd) * scale;
+      any = true;
+    } else {
+      scores[t] = -INFINITY;
+    }
+  }
+  if (!any) return;
+  ops::softmax(scores, len);
+  for (int64_t t = 0; t < len; ++t)
+    if (scores[t] != 0.f) ops::axpy(scores[t], v + t * hd, out, hd);
 }
 
 }  // namespace ptllm

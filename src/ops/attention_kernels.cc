@@ -1,0 +1,242 @@
+// Attention kernels over fp32 rows of one K or V head: scores q·k (keys
+// stored rotated, or pre-RoPE keys turned by a per-slot cos/sin table) and the
+// softmax-weighted sum of value rows. Scalar references; AVX2 / AVX-512
+// variants for the head_dims models use (others take the reference).
+#include <immintrin.h>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/simd_util.h"
+
+// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
+// once inlined; the warnings are about the headers, not this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ptllm::ops {
+namespace {
+
+using detail::hsum8;
+using detail::pick;
+
+// ---------- scalar references ----------
+void dot_rows_scalar(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores) {
+  for (int64_t t = 0; t < len; ++t) scores[t] = dot_f32(q, k + t * hd, hd) * scale;
+}
+void weighted_sum_rows_scalar(const float* p, const float* v, int64_t len, int64_t hd, float* out) {
+  for (int64_t t = 0; t < len; ++t)
+    if (p[t] != 0.f) {
+      const float a = p[t];
+      const float* x = v + t * hd;
+      for (int64_t i = 0; i < hd; ++i) out[i] += a * x[i];
+    }
+}
+
+void rot_rows_scalar(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
+                     float scale, float* scores) {
+  const int64_t half = hd / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* kt = k + t * hd;
+    const float* c = kcos + t * half;
+    const float* sn = ksin + t * half;
+    float acc = 0.f;
+    for (int64_t i = 0; i < half; ++i)
+      acc += c[i] * (q[i] * kt[i] + q[i + half] * kt[i + half]) + sn[i] * (q[i + half] * kt[i] - q[i] * kt[i + half]);
+    scores[t] = scale * acc;
+  }
+}
+
+// ---------- AVX-512: dot_rows, weighted_sum_rows ----------
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma,f16c")
+
+// Lane j of the result = sum of the 16 lanes of a[j] (a transpose-and-add
+// tree: 45 shuffles/adds instead of 16 separate horizontal reductions).
+inline __m512 hsum16x16(__m512* a) {
+  __m512 w[8];
+  for (int j = 0; j < 8; ++j)
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  __m512 x[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512d l = _mm512_castps_pd(w[2 * j]), r = _mm512_castps_pd(w[2 * j + 1]);
+    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(l, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(l, r)));
+  }
+  // x[g]: 128-bit lane L holds keys 4g..4g+3's partial sums over columns of lane L.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// hd = 16 * NC: 16 keys per step, their sums reduced together.
+template <int NC>
+void dot_rows_avx512(const float* q, const float* k, int64_t len, float scale, float* scores) {
+  constexpr int64_t hd = 16 * NC;
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  int64_t t = 0;
+  for (; t + 16 <= len; t += 16) {
+    __m512 acc[16];
+    const float* kt = k + t * hd;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      acc[j] = _mm512_mul_ps(_mm512_loadu_ps(kt + j * hd), qv[0]);
+#pragma GCC unroll 8
+      for (int c = 1; c < NC; ++c) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(kt + j * hd + 16 * c), qv[c], acc[j]);
+    }
+    _mm512_storeu_ps(scores + t, _mm512_mul_ps(hsum16x16(acc), sc));
+  }
+  for (; t < len; ++t) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(k + t * hd + 16 * c), qv[c], a);
+    scores[t] = _mm512_reduce_add_ps(a) * scale;
+  }
+}
+
+// hd = 16 * NC <= 128: the output row stays in registers, in S independent
+// partial sums (keys t, t+1, ... round-robin) so the FMA latency overlaps.
+template <int NC>
+void weighted_sum_rows_avx512(const float* p, const float* v, int64_t len, float* out) {
+  constexpr int64_t hd = 16 * NC;
+  constexpr int S = NC <= 2 ? 4 : NC <= 4 ? 2 : 1;
+  __m512 acc[S][NC];
+  for (int c = 0; c < NC; ++c) acc[0][c] = _mm512_loadu_ps(out + 16 * c);
+  for (int r = 1; r < S; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t t = 0;
+  for (; t + S <= len; t += S) {
+#pragma GCC unroll 4
+    for (int r = 0; r < S; ++r) {
+      // Masked keys have p == 0: skipped like the scalar reference (also keeps
+      // a non-finite stale value out of the sum).
+      const __m512 pt = _mm512_set1_ps(p[t + r]);
+      const __mmask16 live = p[t + r] != 0.f ? __mmask16(0xffff) : __mmask16(0);
+      const float* vt = v + (t + r) * hd;
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c)
+        acc[r][c] = _mm512_mask3_fmadd_ps(pt, _mm512_maskz_loadu_ps(live, vt + 16 * c), acc[r][c], live);
+    }
+  }
+  for (; t < len; ++t) {
+    if (p[t] == 0.f) continue;
+    const __m512 pt = _mm512_set1_ps(p[t]);
+    for (int c = 0; c < NC; ++c) acc[0][c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * hd + 16 * c), acc[0][c]);
+  }
+  for (int c = 0; c < NC; ++c) {
+    __m512 a = acc[0][c];
+    for (int r = 1; r < S; ++r) a = _mm512_add_ps(a, acc[r][c]);
+    _mm512_storeu_ps(out + 16 * c, a);
+  }
+}
+
+#pragma GCC pop_options
+
+// ---------- rotated rows: AVX-512 / AVX2 ----------
+template <int NB>
+__attribute__((target("avx512f,avx2,fma"))) void rot_rows_avx512(const float* q, const float* k, int64_t n,
+                                                                 const float* kcos, const float* ksin, float scale,
+                                                                 float* scores) {
+  constexpr int64_t half = 16 * NB, hd = 2 * half;
+  __m512 ql[NB], qh[NB];
+  for (int b = 0; b < NB; ++b) {
+    ql[b] = _mm512_loadu_ps(q + 16 * b);
+    qh[b] = _mm512_loadu_ps(q + half + 16 * b);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < NB; ++b) {
+      const __m512 kl = _mm512_loadu_ps(k + t * hd + 16 * b), kh = _mm512_loadu_ps(k + t * hd + half + 16 * b);
+      const __m512 a = _mm512_fmadd_ps(qh[b], kh, _mm512_mul_ps(ql[b], kl));
+      const __m512 bb = _mm512_fnmadd_ps(ql[b], kh, _mm512_mul_ps(qh[b], kl));
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(kcos + t * half + 16 * b), a, acc);
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(ksin + t * half + 16 * b), bb, acc);
+    }
+    scores[t] = scale * _mm512_reduce_add_ps(acc);
+  }
+}
+
+template <int NB>
+__attribute__((target("avx2,fma"))) void rot_rows_avx2(const float* q, const float* k, int64_t n, const float* kcos,
+                                                      const float* ksin, float scale, float* scores) {
+  constexpr int64_t half = 8 * NB, hd = 2 * half;
+  for (int64_t t = 0; t < n; ++t) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < NB; ++b) {
+      const __m256 ql = _mm256_loadu_ps(q + 8 * b), qh = _mm256_loadu_ps(q + half + 8 * b);
+      const __m256 kl = _mm256_loadu_ps(k + t * hd + 8 * b), kh = _mm256_loadu_ps(k + t * hd + half + 8 * b);
+      const __m256 a = _mm256_fmadd_ps(qh, kh, _mm256_mul_ps(ql, kl));
+      const __m256 bb = _mm256_fnmadd_ps(ql, kh, _mm256_mul_ps(qh, kl));
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(kcos + t * half + 8 * b), a, acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(ksin + t * half + 8 * b), bb, acc);
+    }
+    scores[t] = scale * hsum8(acc);
+  }
+}
+
+using DotRowsFn = void (*)(const float*, const float*, int64_t, float, float*);
+using WeightedSumFn = void (*)(const float*, const float*, int64_t, float*);
+using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, const float*, float, float*);
+
+DotRowsFn dot_rows_avx512_for(int64_t hd) {
+  switch (hd) {
+    case 16: return dot_rows_avx512<1>;
+    case 32: return dot_rows_avx512<2>;
+    case 64: return dot_rows_avx512<4>;
+    case 128: return dot_rows_avx512<8>;
+    default: return nullptr;
+  }
+}
+WeightedSumFn weighted_sum_avx512_for(int64_t hd) {
+  switch (hd) {
+    case 16: return weighted_sum_rows_avx512<1>;
+    case 32: return weighted_sum_rows_avx512<2>;
+    case 64: return weighted_sum_rows_avx512<4>;
+    case 128: return weighted_sum_rows_avx512<8>;
+    default: return nullptr;
+  }
+}
+RotRowsFn rot_rows_avx512_for(int64_t half) {
+  switch (half) {
+    case 16: return rot_rows_avx512<1>;
+    case 32: return rot_rows_avx512<2>;
+    case 64: return rot_rows_avx512<4>;
+    default: return nullptr;
+  }
+}
+RotRowsFn rot_rows_avx2_for(int64_t half) {
+  switch (half) {
+    case 8: return rot_rows_avx2<1>;
+    case 16: return rot_rows_avx2<2>;
+    case 32: return rot_rows_avx2<4>;
+    case 64: return rot_rows_avx2<8>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+// A null pick() below means "no SIMD variant for this size": the reference runs.
+void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores) {
+  if (const DotRowsFn f = pick<DotRowsFn>(nullptr, nullptr, dot_rows_avx512_for(hd))) return f(q, k, len, scale, scores);
+  dot_rows_scalar(q, k, len, hd, scale, scores);
+}
+
+void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, float* out) {
+  if (const WeightedSumFn f = pick<WeightedSumFn>(nullptr, nullptr, weighted_sum_avx512_for(hd)))
+    return f(p, v, len, out);
+  weighted_sum_rows_scalar(p, v, len, hd, out);
+}
+
+void dot_rows_rotated(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,
+                      float scale, float* scores) {
+  if (n <= 0) return;
+  const int64_t half = hd / 2;
+  if (const RotRowsFn f = pick<RotRowsFn>(nullptr, rot_rows_avx2_for(half), rot_rows_avx512_for(half)))
+    return f(q, k, n, kcos, ksin, scale, scores);
+  rot_rows_scalar(q, k, n, hd, kcos, ksin, scale, scores);
+}
+
+}  // namespace ptllm::ops

@@ -1,0 +1,141 @@
+// Elementwise and per-row kernels: RMSNorm, SiLU·mul, softmax, axpy. Scalar
+// references and AVX-512 variants (a vector e^x for softmax and SiLU).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+
+// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
+// once inlined; the warnings are about the headers, not this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ptllm::ops {
+namespace {
+
+using detail::pick;
+
+void silu_mul_scalar(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax_scalar(float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  const float inv = float(1.0 / s);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void axpy_scalar(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma,f16c")
+
+// e^x for 16 lanes: x = n·ln2 + r, |r| <= ln2/2, degree-7 Taylor for e^r
+// (truncation < 1e-8 relative), scaled by 2^n. Inputs are clamped so -inf
+// gives 0 and large x stays finite; within ~2 ulp of std::exp.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1); }
+
+void silu_mul_avx512(float* gate, const float* up, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+void softmax_avx512(float* x, int64_t n) {
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, x + i));
+  }
+  const float m = _mm512_reduce_max_ps(mv);
+  if (!(m > -INFINITY) || !std::isfinite(m)) return softmax_scalar(x, n);  // all masked, or inf/NaN
+  const __m512 mb = _mm512_set1_ps(m);
+  // Sum in double, as the scalar reference does.
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mb)));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  const double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  const __m512 inv = _mm512_set1_ps(float(1.0 / s));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
+  }
+}
+
+void axpy_avx512(float a, const float* x, float* y, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, k,
+                          _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i)));
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace
+
+void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out) {
+  thread_local std::vector<float> w;
+  w.resize(static_cast<size_t>(dim));
+  to_f32(weight.data, weight.dtype, w.data(), dim);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(dim) + eps));
+    float* o = out + t * dim;
+    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[size_t(i)];
+  }
+}
+
+void silu_mul(float* gate, const float* up, int64_t n) { pick(silu_mul_scalar, nullptr, silu_mul_avx512)(gate, up, n); }
+
+void softmax(float* x, int64_t n) { pick(softmax_scalar, nullptr, softmax_avx512)(x, n); }
+
+void axpy(float a, const float* x, float* y, int64_t n) { pick(axpy_scalar, nullptr, axpy_avx512)(a, x, y, n); }
+
+}  // namespace ptllm::ops

@@ -1,0 +1,354 @@
+// matmul / matmul_multi / matmul_swiglu over F32/F16/BF16 weights. The
+// generic path (dot_row per weight row: scalar or AVX2 dots) is the reference;
+// at AVX-512 a 4-row matvec (decode) and a packed-panel blocked matmul
+// (prefill) replace it.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/quant.h"
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+
+// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
+// once inlined; the warnings are about the headers, not this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ptllm::ops {
+namespace {
+
+// ---------- generic matmul (scalar / AVX2 dots): the reference path ----------
+void matmul_generic(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias) {
+  const int64_t out = w.rows(), in = w.cols();
+  const size_t row_bytes = storage_bytes(w.dtype, size_t(in));
+  const std::byte* base = w.data;
+  std::vector<float> bias_f;
+  if (bias) {
+    bias_f.resize(size_t(out));
+    to_f32(bias->data, bias->dtype, bias_f.data(), out);
+  }
+  const float* b = bias ? bias_f.data() : nullptr;
+  if (n_tokens == 1) {
+    // Decode: one pass over the weights, each row read once.
+#pragma omp parallel for schedule(static) if (out >= 64)
+    for (int64_t o = 0; o < out; ++o) y[o] = dot_row(base + size_t(o) * row_bytes, w.dtype, x, in) + (b ? b[o] : 0.f);
+    return;
+  }
+  // Prefill: widen each weight row to fp32 once and reuse it for every token,
+  // so the (larger) weight matrix is streamed once and x stays in cache.
+#pragma omp parallel
+  {
+    std::vector<float> row(w.dtype == DType::F32 ? 0 : size_t(in));
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < out; ++o) {
+      const float* r;
+      if (w.dtype == DType::F32) {
+        r = reinterpret_cast<const float*>(base + size_t(o) * row_bytes);
+      } else {
+        to_f32(base + size_t(o) * row_bytes, w.dtype, row.data(), in);
+        r = row.data();
+      }
+      const float bo = b ? b[o] : 0.f;
+      for (int64_t t = 0; t < n_tokens; ++t) y[t * out + o] = dot_f32(r, x + t * in, in) + bo;
+    }
+  }
+}
+
+// ---------- AVX-512 kernels for matmul ----------
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma,f16c")
+
+// 16 consecutive stored elements of a row, widened to fp32.
+template <DType D>
+inline __m512 load16(const std::byte* row, int64_t i) {
+  if constexpr (D == DType::F32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + i));
+    if constexpr (D == DType::BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else return _mm512_cvtph_ps(h);
+  }
+}
+template <DType D>
+inline float load1(const std::byte* row, int64_t i) {
+  if constexpr (D == DType::F32) return reinterpret_cast<const float*>(row)[i];
+  else if constexpr (D == DType::BF16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+  else return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+}
+
+// Decode: y[o] = W[o, :] · x (+ bias[o]) for o in [r0, r1). Four rows at a
+// time share each load of x, and their four horizontal sums overlap.
+template <DType D>
+void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0, int64_t r1) {
+  const int64_t in = w.cols();
+  const size_t rb = storage_bytes(D, size_t(in));
+  const int64_t in16 = in & ~int64_t(15);
+  int64_t o = r0;
+  for (; o + 4 <= r1; o += 4) {
+    const std::byte* w0 = w.data + size_t(o) * rb;
+    const std::byte *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in16; i += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + i);
+      a0 = _mm512_fmadd_ps(load16<D>(w0, i), xv, a0);
+      a1 = _mm512_fmadd_ps(load16<D>(w1, i), xv, a1);
+      a2 = _mm512_fmadd_ps(load16<D>(w2, i), xv, a2);
+      a3 = _mm512_fmadd_ps(load16<D>(w3, i), xv, a3);
+    }
+    float s0 = _mm512_reduce_add_ps(a0), s1 = _mm512_reduce_add_ps(a1), s2 = _mm512_reduce_add_ps(a2),
+          s3 = _mm512_reduce_add_ps(a3);
+    for (int64_t i = in16; i < in; ++i) {
+      s0 += load1<D>(w0, i) * x[i];
+      s1 += load1<D>(w1, i) * x[i];
+      s2 += load1<D>(w2, i) * x[i];
+      s3 += load1<D>(w3, i) * x[i];
+    }
+    if (bias) {
+      s0 += bias->at_f32(o);
+      s1 += bias->at_f32(o + 1);
+      s2 += bias->at_f32(o + 2);
+      s3 += bias->at_f32(o + 3);
+    }
+    y[o] = s0;
+    y[o + 1] = s1;
+    y[o + 2] = s2;
+    y[o + 3] = s3;
+  }
+  for (; o < r1; ++o) {
+    const std::byte* w0 = w.data + size_t(o) * rb;
+    __m512 a0 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in16; i += 16) a0 = _mm512_fmadd_ps(load16<D>(w0, i), _mm512_loadu_ps(x + i), a0);
+    float s0 = _mm512_reduce_add_ps(a0);
+    for (int64_t i = in16; i < in; ++i) s0 += load1<D>(w0, i) * x[i];
+    y[o] = s0 + (bias ? bias->at_f32(o) : 0.f);
+  }
+}
+
+// Prefill: a blocked matmul. A panel of kNR weight rows is widened to fp32
+// once, stored k-major ([in, kNR]) so one k step is two vector loads, and
+// reused by every token; a kMR x kNR tile of outputs lives in 16 registers.
+constexpr int kNR = 32;
+constexpr int kMR = 8;
+
+// panel[k * kNR + j] = W[o0 + j, k]; columns j >= nr are zero.
+template <DType D>
+void pack_panel(const TensorView& w, int64_t o0, int nr, float* panel) {
+  const int64_t in = w.cols();
+  const size_t rb = storage_bytes(D, size_t(in));
+  alignas(64) float tmp[16];
+  for (int j = 0; j < nr; ++j) {
+    const std::byte* row = w.data + size_t(o0 + j) * rb;
+    int64_t k = 0;
+    for (; k + 16 <= in; k += 16) {
+      _mm512_store_ps(tmp, load16<D>(row, k));
+      for (int t = 0; t < 16; ++t) panel[(k + t) * kNR + j] = tmp[t];
+    }
+    for (; k < in; ++k) panel[k * kNR + j] = load1<D>(row, k);
+  }
+  for (int j = nr; j < kNR; ++j)
+    for (int64_t k = 0; k < in; ++k) panel[k * kNR + j] = 0.f;
+}
+
+// y[m, 0..nr) = x[m, :] · panel (+ bias) for m < M; x rows are ldx apart, y rows ldy.
+template <int M>
+void micro_tile(const float* panel, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, __mmask16 m0,
+                __mmask16 m1, __m512 b0, __m512 b1) {
+  __m512 c0[M], c1[M];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m) c0[m] = c1[m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 p0 = _mm512_loadu_ps(panel + k * kNR), p1 = _mm512_loadu_ps(panel + k * kNR + 16);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m512 a = _mm512_set1_ps(x[m * ldx + k]);
+      c0[m] = _mm512_fmadd_ps(a, p0, c0[m]);
+      c1[m] = _mm512_fmadd_ps(a, p1, c1[m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m) {
+    _mm512_mask_storeu_ps(y + m * ldy, m0, _mm512_add_ps(c0[m], b0));
+    _mm512_mask_storeu_ps(y + m * ldy + 16, m1, _mm512_add_ps(c1[m], b1));
+  }
+}
+
+// All tokens for weight rows [o0, o0 + nr), nr <= kNR; `panel` is scratch [in * kNR].
+template <DType D>
+void gemm_panel(const TensorView& w, const float* x, int64_t n, float* y, const TensorView* bias, int64_t o0,
+                float* panel) {
+  const int64_t out = w.rows(), in = w.cols();
+  const int nr = int(std::min<int64_t>(kNR, out - o0));
+  pack_panel<D>(w, o0, nr, panel);
+  alignas(64) float bb[kNR] = {};
+  if (bias)
+    for (int j = 0; j < nr; ++j) bb[j] = bias->at_f32(o0 + j);
+  const __m512 b0 = _mm512_load_ps(bb), b1 = _mm512_load_ps(bb + 16);
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : __mmask16(0);
+  float* yo = y + o0;
+  int64_t t = 0;
+  for (; t + kMR <= n; t += kMR) micro_tile<kMR>(panel, in, x + t * in, in, yo + t * out, out, m0, m1, b0, b1);
+  const float* xt = x + t * in;
+  float* yt = yo + t * out;
+  switch (n - t) {
+    case 1: micro_tile<1>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    case 2: micro_tile<2>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    case 3: micro_tile<3>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    case 4: micro_tile<4>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    case 5: micro_tile<5>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    case 6: micro_tile<6>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    case 7: micro_tile<7>(panel, in, xt, in, yt, out, m0, m1, b0, b1); break;
+    default: break;
+  }
+}
+
+#pragma GCC pop_options
+
+bool fast_matmul(const TensorView& w) {
+  return detail::level() == SimdLevel::Avx512 &&
+         (w.dtype == DType::F32 || w.dtype == DType::BF16 || w.dtype == DType::F16);
+}
+
+void matvec_rows_any(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0, int64_t r1) {
+  switch (w.dtype) {
+    case DType::F32: return matvec_rows<DType::F32>(w, x, y, bias, r0, r1);
+    case DType::BF16: return matvec_rows<DType::BF16>(w, x, y, bias, r0, r1);
+    default: return matvec_rows<DType::F16>(w, x, y, bias, r0, r1);
+  }
+}
+void gemm_panel_any(const TensorView& w, const float* x, int64_t n, float* y, const TensorView* bias, int64_t o0,
+                    float* panel) {
+  switch (w.dtype) {
+    case DType::F32: return gemm_panel<DType::F32>(w, x, n, y, bias, o0, panel);
+    case DType::BF16: return gemm_panel<DType::BF16>(w, x, n, y, bias, o0, panel);
+    default: return gemm_panel<DType::F16>(w, x, n, y, bias, o0, panel);
+  }
+}
+
+// Per-thread panel scratch, grown on demand and kept between calls.
+float* panel_scratch(int64_t in) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < size_t(in * kNR)) buf.resize(size_t(in * kNR));
+  return buf.data();
+}
+
+// Multiply-adds at or above which a product is split across threads: below
+// it the fork/join (a few microseconds) costs more than the arithmetic. Tiny
+// models (stories260K: 64 x 64 weights) then run every matmul on one thread.
+constexpr int64_t kParallelWork = int64_t(1) << 16;
+
+// [begin, end) of `total` items for thread `tid` of `nt`, in units of `align`.
+std::pair<int64_t, int64_t> split(int64_t total, int tid, int nt, int64_t align) {
+  const int64_t units = (total + align - 1) / align;
+  const int64_t b = units * tid / nt * align, e = units * (tid + 1) / nt * align;
+  return {std::min(b, total), std::min(e, total)};
+}
+
+void check_matmul(const TensorView& w, const float* x, const float* y) {
+  if (w.shape.size() != 2) fail("matmul: weight must be 2-D, got shape {}", shape_str(w.shape));
+}
+
+}  // namespace
+
+void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n_jobs) {
+  if (n_jobs <= 0 || n_tokens <= 0) return;
+  for (int j = 0; j < n_jobs; ++j)
+    if (is_block_quantised(jobs[j].w->dtype)) return qmatmul_multi(x, n_tokens, jobs, n_jobs);
+  int64_t in = jobs[0].w->cols();
+  bool fast = true;
+  for (int j = 0; j < n_jobs; ++j) {
+    check_matmul(*jobs[j].w, x, jobs[j].y);
+    if (jobs[j].w->cols() != in) fail("matmul_multi: weights disagree on the input size ({} vs {})", jobs[j].w->cols(), in);
+    fast = fast && fast_matmul(*jobs[j].w);
+  }
+  if (!fast) {
+    for (int j = 0; j < n_jobs; ++j) matmul_generic(*jobs[j].w, x, n_tokens, jobs[j].y, jobs[j].bias);
+    return;
+  }
+  if (n_tokens == 1) {
+    // Decode: the jobs' rows, concatenated, are split evenly across threads.
+    int64_t total = 0;
+    for (int j = 0; j < n_jobs; ++j) total += jobs[j].w->rows();
+#pragma omp parallel if (total * in >= kParallelWork)
+    {
+      auto [b, e] = split(total, omp_get_thread_num(), omp_get_num_threads(), 4);
+      int64_t off = 0;
+      for (int j = 0; j < n_jobs && off < e; ++j) {
+        const int64_t rows = jobs[j].w->rows();
+        const int64_t r0 = std::max(b - off, int64_t(0)), r1 = std::min(e - off, rows);
+        if (r0 < r1) matvec_rows_any(*jobs[j].w, x, jobs[j].y, jobs[j].bias, r0, r1);
+        off += rows;
+      }
+    }
+    return;
+  }
+  // Prefill: one task per (job, panel of kNR rows).
+  std::vector<std::pair<int, int64_t>> tasks;
+  int64_t rows = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    rows += jobs[j].w->rows();
+    for (int64_t o0 = 0; o0 < jobs[j].w->rows(); o0 += kNR) tasks.emplace_back(j, o0);
+  }
+#pragma omp parallel if (rows * in * n_tokens >= kParallelWork)
+  {
+    float* panel = panel_scratch(in);
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const MatmulJob& jb = jobs[tasks[i].first];
+      gemm_panel_any(*jb.w, x, n_tokens, jb.y, jb.bias, tasks[i].second, panel);
+    }
+  }
+}
+
+void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias) {
+  MatmulJob job{&w, y, bias};
+  matmul_multi(x, n_tokens, &job, 1);
+}
+
+void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
+                   float* up) {
+  if (w_gate.shape != w_up.shape)
+    fail("matmul_swiglu: gate {} and up {} shapes differ", shape_str(w_gate.shape), shape_str(w_up.shape));
+  if (n_tokens <= 0) return;
+  if (is_block_quantised(w_gate.dtype) || is_block_quantised(w_up.dtype))
+    return qmatmul_swiglu(w_gate, w_up, x, n_tokens, gate, up);
+  const int64_t F = w_gate.rows(), in = w_gate.cols();
+  if (!fast_matmul(w_gate) || !fast_matmul(w_up)) {
+    matmul_generic(w_gate, x, n_tokens, gate, nullptr);
+    matmul_generic(w_up, x, n_tokens, up, nullptr);
+    silu_mul(gate, up, n_tokens * F);
+    return;
+  }
+  if (n_tokens == 1) {
+    // Each thread owns a range of ffn rows in both matrices, so the SwiGLU of
+    // that range needs no barrier.
+#pragma omp parallel if (2 * F * in >= kParallelWork)
+    {
+      auto [b, e] = split(F, omp_get_thread_num(), omp_get_num_threads(), 16);
+      if (b < e) {
+        matvec_rows_any(w_gate, x, gate, nullptr, b, e);
+        matvec_rows_any(w_up, x, up, nullptr, b, e);
+        silu_mul(gate + b, up + b, e - b);
+      }
+    }
+    return;
+  }
+  const int64_t n_panels = (F + kNR - 1) / kNR;
+#pragma omp parallel if (2 * F * in * n_tokens >= kParallelWork)
+  {
+    float* panel = panel_scratch(in);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < n_panels; ++p) {
+      const int64_t o0 = p * kNR, nr = std::min<int64_t>(kNR, F - o0);
+      gemm_panel_any(w_gate, x, n_tokens, gate, nullptr, o0, panel);
+      gemm_panel_any(w_up, x, n_tokens, up, nullptr, o0, panel);
+      for (int64_t t = 0; t < n_tokens; ++t) silu_mul(gate + t * F + o0, up + t * F + o0, nr);
+    }
+  }
+}
+
+}  // namespace ptllm::ops

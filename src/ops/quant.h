@@ -1,0 +1,47 @@
+// GGUF block-quantised weights (ggml's layouts: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q4_K, Q5_K, Q6_K): exact dequantisation (the reference), quantisation (for
+// `convert --type` and quantise-on-load), and matrix products over block-typed
+// weights. ops::matmul / matmul_multi / matmul_swiglu / dot_row / to_f32 route
+// block types here, so callers normally use those.
+//
+// The products quantise each activation row once per call to int8 blocks
+// (32 elements with an fp32 scale for the 32-element weight types, 256 with
+// per-16 sums for the K types) and then run integer dot products: AVX-512 VNNI,
+// AVX2 (maddubs) or a scalar reference doing the same integer arithmetic,
+// chosen by ops::simd_level(). A row of y is bit-identical whatever n_tokens is.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace ptllm::ops {
+
+// n must be a multiple of block_elems(t); throws ptllm::Error otherwise, or
+// when t is not a block type.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// Round-to-nearest with ggml's conventions for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 (the
+// same bytes as ggml's reference quantiser); for the K types a per-sub-block
+// scale/min search minimising the squared error. Scalar: runs at load/convert.
+void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+// Bytes of a [rows, cols] tensor of type t (cols a multiple of the block).
+size_t quantized_bytes(DType t, int64_t rows, int64_t cols);
+// src [rows, cols] stored as F32, F16 or BF16 -> dst (quantized_bytes(t, rows,
+// cols) bytes), rows in parallel. For quantise-on-load (`--weights q4_k`) and
+// `convert --type`.
+void quantize_tensor(DType t, const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst);
+
+// y[t, o] = sum_i W[o, i] * x[t, i] (+ bias[o]) for a block-typed W [out, in];
+// x [n_tokens, in] fp32, y [n_tokens, out]. Parallel over output rows.
+void qmatmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias = nullptr);
+// matmul_multi / matmul_swiglu for jobs that include block-typed weights.
+void qmatmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n_jobs);
+void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
+                    float* up);
+
+// Exact fp32 dot of one block-typed row with fp32 x (dequantise, then fp32):
+// slow, for embedding-style lookups and tests.
+float qdot_row_f32(DType t, const void* row, const float* x, int64_t n);
+
+}  // namespace ptllm::ops

@@ -1,0 +1,104 @@
+// Internal to the quantised kernels: ggml's block layouts, the int8
+// activation blocks, and the per-ISA kernel tables (quant_*.cc).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ptllm::ops::q {
+
+// ---------- weight blocks (ggml-common.h layouts; f16 fields as raw bits) ----------
+// Packed: rows of 34-, 18-, 22-byte blocks put blocks at any address.
+// Q8_0: x[i] = d * qs[i].
+struct __attribute__((packed)) BlockQ8_0 { uint16_t d; int8_t qs[32]; };
+// Q4_0: x[j] = d * ((qs[j] & 15) - 8), x[j + 16] = d * ((qs[j] >> 4) - 8), j < 16.
+struct __attribute__((packed)) BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
+// Q4_1: the same nibbles, x = d * q + m.
+struct __attribute__((packed)) BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };
+// Q5_0: q = nibble | (bit i of the little-endian u32 qh) << 4, x = d * (q - 16).
+struct __attribute__((packed)) BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
+// Q5_1: as Q5_0 with x = d * q + m.
+struct __attribute__((packed)) BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };
+// Q4_K: 256 = 4 chunks of 64; chunk c: qs[32c + l] low nibble is element 64c + l
+// (sub-block 2c), high nibble element 64c + 32 + l (sub-block 2c + 1);
+// x = d * sc[s] * q - dmin * m[s], sc/m six bits packed in `scales` (k4_scales).
+struct __attribute__((packed)) BlockQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
+// Q5_K: Q4_K plus a fifth bit: element 64c + l has bit 2c of qh[l], element
+// 64c + 32 + l bit 2c + 1.
+struct __attribute__((packed)) BlockQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+// Q6_K: two halves of 128; half h, l < 32, ql = ql + 64h, qh = qh + 32h:
+//   e[l]      = ql[l] & 15      | (qh[l] >> 0 & 3) << 4
+//   e[l + 32] = ql[l + 32] & 15 | (qh[l] >> 2 & 3) << 4
+//   e[l + 64] = ql[l] >> 4      | (qh[l] >> 4 & 3) << 4
+//   e[l + 96] = ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4
+// x = d * scales[element / 16] * (e - 32).
+struct __attribute__((packed)) BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+
+static_assert(sizeof(BlockQ8_0) == block_bytes(DType::Q8_0));
+static_assert(sizeof(BlockQ4_0) == block_bytes(DType::Q4_0));
+static_assert(sizeof(BlockQ4_1) == block_bytes(DType::Q4_1));
+static_assert(sizeof(BlockQ5_0) == block_bytes(DType::Q5_0));
+static_assert(sizeof(BlockQ5_1) == block_bytes(DType::Q5_1));
+static_assert(sizeof(BlockQ4_K) == block_bytes(DType::Q4_K));
+static_assert(sizeof(BlockQ5_K) == block_bytes(DType::Q5_K));
+static_assert(sizeof(BlockQ6_K) == block_bytes(DType::Q6_K));
+
+// Q4_K/Q5_K's 12 bytes -> 8 six-bit scales and mins: sub-blocks 0..3 are the
+// low 6 bits of bytes 0..3 (scale) and 4..7 (min); sub-blocks 4..7 take their
+// low 4 bits from byte 8..11 (scale: low nibble, min: high nibble) and their
+// top 2 bits from the top 2 bits of bytes 0..3 (scale) and 4..7 (min).
+inline void k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    m[j] = s[j + 4] & 63;
+  }
+  for (int j = 4; j < 8; ++j) {
+    sc[j] = uint8_t((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+    m[j] = uint8_t((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// Round to nearest, ties to even, for finite |v| < 2^22 (larger values are
+// clamped first): adding 1.5 * 2^23 leaves no fraction bits. std::nearbyint
+// is a libm call on baseline x86-64 and dominated the quantisers' time.
+inline int round_nearest(float v) {
+  v = v < -4194303.f ? -4194303.f : v > 4194303.f ? 4194303.f : v;
+  return int((v + 12582912.f) - 12582912.f);
+}
+
+// ---------- int8 activation blocks ----------
+// For the 32-element weight types: x[i] ~= d * qs[i]; s = d * sum(qs) (the
+// offset/min terms of Q4_0 .. Q5_1 need it).
+struct A32 { float d; float s; int8_t qs[32]; };
+// For the K types: one scale per 256, bsums[k] = sum of qs[16k .. 16k + 15].
+struct A256 { float d; int16_t bsums[16]; int8_t qs[256]; };
+
+inline bool uses_a256(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+// Bytes of one quantised activation row of n elements for weights of type t.
+inline size_t act_row_bytes(DType t, int64_t n) {
+  return uses_a256(t) ? size_t(n / 256) * sizeof(A256) : size_t(n / 32) * sizeof(A32);
+}
+// x [n] -> activation blocks for weight type t (shared by every ISA level, so
+// every level multiplies the same integers).
+void quantize_act(DType t, const float* x, int64_t n, std::byte* dst);
+
+// ---------- kernel tables ----------
+// Tokens one weight row is multiplied with per pass (the prefill tile).
+constexpr int kMaxNT = 4;
+// out[t] = W_row · x_t for t < nt <= kMaxNT; the rows of activation blocks are
+// `xstride` bytes apart, `nb` weight blocks per row. Each token's sum is
+// computed by the same instructions whatever nt is (batch invariance).
+using RowDot = void (*)(const std::byte* w, const std::byte* xq, size_t xstride, int64_t nb, int nt, float* out);
+struct Kernels {
+  RowDot dot[8];  // by DType, Q8_0 first
+};
+inline int kernel_index(DType t) { return int(t) - int(DType::Q8_0); }
+
+const Kernels& kernels_scalar();
+const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();  // AVX-512 VNNI (with VL/BW); AVX2 if the CPU lacks them
+// The table for the current ops::simd_level().
+const Kernels& kernels();
+
+}  // namespace ptllm::ops::q

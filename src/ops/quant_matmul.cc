@@ -1,0 +1,155 @@
+// Matrix products over block-quantised weights: x is quantised once per call
+// to int8 activation blocks, then every output row runs the current ISA's
+// integer dot kernel. Parallel over blocks of output rows; within a block the
+// tokens go kMaxNT at a time, so a weight row is unpacked once per kMaxNT
+// tokens while the block (a few KiB) stays in cache.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/quant.h"
+#include "ops/quant_impl.h"
+
+namespace ptllm::ops {
+namespace {
+using namespace q;
+
+constexpr int64_t kRowBlock = 16;
+// Weight bytes x tokens below which a product runs on one thread (fork/join
+// costs a few microseconds).
+constexpr int64_t kParallelWork = int64_t(1) << 16;
+
+void check_weight(const char* what, const TensorView& w, int64_t in) {
+  if (w.shape.size() != 2) fail("{}: weight must be 2-D, got shape {}", what, shape_str(w.shape));
+  if (!is_block_quantised(w.dtype)) fail("{}: weight dtype {} is not block-quantised", what, dtype_name(w.dtype));
+  if (w.cols() % int64_t(block_elems(w.dtype)) != 0)
+    fail("{}: {} weight has {} columns, not a multiple of its block of {}", what, dtype_name(w.dtype), w.cols(),
+         block_elems(w.dtype));
+  if (w.cols() != in) fail("{}: weights disagree on the input size ({} vs {})", what, w.cols(), in);
+  if (!w.data && w.numel() > 0) fail("{}: weight has no data", what);
+}
+
+// x [n_tokens, in] quantised for the weight types of one call: A32 rows for
+// the 32-element types and A256 rows for the K types, made on first use.
+class QuantX {
+ public:
+  QuantX(const float* x, int64_t n_tokens, int64_t in) : x_(x), n_(n_tokens), in_(in) {}
+  void prepare(DType t) {
+    const bool k = uses_a256(t);
+    std::vector<std::byte>& buf = k ? a256_ : a32_;
+    if (!buf.empty()) return;
+    const size_t stride = act_row_bytes(t, in_);
+    buf.resize(stride * size_t(n_));
+#pragma omp parallel for schedule(static) if (n_ * in_ >= kParallelWork)
+    for (int64_t r = 0; r < n_; ++r) quantize_act(t, x_ + r * in_, in_, buf.data() + size_t(r) * stride);
+  }
+  const std::byte* data(DType t) const { return uses_a256(t) ? a256_.data() : a32_.data(); }
+  size_t stride(DType t) const { return act_row_bytes(t, in_); }
+
+ private:
+  const float* x_;
+  int64_t n_, in_;
+  std::vector<std::byte> a32_, a256_;
+};
+
+// y[t, o] for o in [r0, r1), every token. y rows are y_stride floats apart.
+void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
+              const float* bias, int64_t r0, int64_t r1) {
+  const RowDot dot = k.dot[kernel_index(w.dtype)];
+  const int64_t in = w.cols(), nb = in / int64_t(block_elems(w.dtype));
+  const size_t rb = storage_bytes(w.dtype, size_t(in)), xs = qx.stride(w.dtype);
+  const std::byte* xq = qx.data(w.dtype);
+  float tmp[kMaxNT];
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
+    const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
+    for (int64_t o = r0; o < r1; ++o) {
+      dot(w.data + size_t(o) * rb, xq + size_t(t0) * xs, xs, nb, nt, tmp);
+      const float bo = bias ? bias[o] : 0.f;
+      for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + o] = tmp[j] + bo;
+    }
+  }
+}
+
+std::vector<float> bias_f32(const TensorView* bias, int64_t out) {
+  if (!bias) return {};
+  if (bias->numel() != out) fail("matmul: bias has {} elements, expected {}", bias->numel(), out);
+  std::vector<float> b(static_cast<size_t>(out));
+  to_f32(bias->data, bias->dtype, b.data(), out);
+  return b;
+}
+
+}  // namespace
+
+void qmatmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias) {
+  MatmulJob job{&w, y, bias};
+  qmatmul_multi(x, n_tokens, &job, 1);
+}
+
+void qmatmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n_jobs) {
+  if (n_jobs <= 0 || n_tokens <= 0) return;
+  const int64_t in = jobs[0].w->cols();
+  // Jobs with plain weights (a mixed call) go through the ordinary path.
+  std::vector<int> qjobs;
+  for (int j = 0; j < n_jobs; ++j) {
+    if (!is_block_quantised(jobs[j].w->dtype)) {
+      if (jobs[j].w->cols() != in) fail("matmul_multi: weights disagree on the input size ({} vs {})", jobs[j].w->cols(), in);
+      matmul(*jobs[j].w, x, n_tokens, jobs[j].y, jobs[j].bias);
+      continue;
+    }
+    check_weight("matmul", *jobs[j].w, in);
+    qjobs.push_back(j);
+  }
+  QuantX qx(x, n_tokens, in);
+  std::vector<std::vector<float>> biases(static_cast<size_t>(n_jobs));
+  // One task per (job, block of kRowBlock rows).
+  std::vector<std::pair<int, int64_t>> tasks;
+  int64_t work = 0;
+  for (int j : qjobs) {
+    qx.prepare(jobs[j].w->dtype);
+    biases[size_t(j)] = bias_f32(jobs[j].bias, jobs[j].w->rows());
+    for (int64_t o0 = 0; o0 < jobs[j].w->rows(); o0 += kRowBlock) tasks.emplace_back(j, o0);
+    work += int64_t(storage_bytes(jobs[j].w->dtype, size_t(jobs[j].w->numel()))) * n_tokens;
+  }
+  const Kernels& k = kernels();
+#pragma omp parallel for schedule(static) if (work >= kParallelWork)
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const MatmulJob& jb = jobs[tasks[i].first];
+    const int64_t out = jb.w->rows(), o0 = tasks[i].second;
+    const std::vector<float>& b = biases[size_t(tasks[i].first)];
+    run_rows(k, *jb.w, qx, n_tokens, jb.y, out, b.empty() ? nullptr : b.data(), o0, std::min(out, o0 + kRowBlock));
+  }
+}
+
+void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
+                    float* up) {
+  if (w_gate.shape != w_up.shape)
+    fail("matmul_swiglu: gate {} and up {} shapes differ", shape_str(w_gate.shape), shape_str(w_up.shape));
+  if (n_tokens <= 0) return;
+  if (!is_block_quantised(w_gate.dtype) || !is_block_quantised(w_up.dtype)) {
+    matmul(w_gate, x, n_tokens, gate);
+    matmul(w_up, x, n_tokens, up);
+    silu_mul(gate, up, n_tokens * w_gate.rows());
+    return;
+  }
+  const int64_t F = w_gate.rows(), in = w_gate.cols();
+  check_weight("matmul_swiglu", w_gate, in);
+  check_weight("matmul_swiglu", w_up, in);
+  QuantX qx(x, n_tokens, in);
+  qx.prepare(w_gate.dtype);
+  qx.prepare(w_up.dtype);
+  const Kernels& k = kernels();
+  const int64_t n_blocks = (F + kRowBlock - 1) / kRowBlock;
+  const int64_t work = int64_t(w_gate.nbytes() + w_up.nbytes()) * n_tokens;
+  // A task owns a block of ffn rows in both matrices, so its SwiGLU needs no barrier.
+#pragma omp parallel for schedule(static) if (work >= kParallelWork)
+  for (int64_t p = 0; p < n_blocks; ++p) {
+    const int64_t o0 = p * kRowBlock, o1 = std::min(F, o0 + kRowBlock);
+    run_rows(k, w_gate, qx, n_tokens, gate, F, nullptr, o0, o1);
+    run_rows(k, w_up, qx, n_tokens, up, F, nullptr, o0, o1);
+    for (int64_t t = 0; t < n_tokens; ++t) silu_mul(gate + t * F + o0, up + t * F + o0, o1 - o0);
+  }
+}
+
+}  // namespace ptllm::ops
