@@ -6,6 +6,7 @@
 #include "io/mmap.h"
 #include "model/convert.h"
 #include "model/gguf_convert.h"
+#include "tokenizer/gguf_file.h"
 
 namespace ptllm::cli {
 
@@ -30,6 +31,13 @@ void add_convert_command(CLI::App& root) {
     if (o->dst.ends_with(".gguf")) {
       GgufConvertOptions opt;
       opt.type = parse_gguf_type(o->type, "--type");
+      // A folder's tokenizer.json through the vocab converter (llama.cpp's key
+      // names and scores); a .tinygpt's embedded one keeps the interim writer.
+      const std::string tok = o->src + "/tokenizer.json", tok_cfg = o->src + "/tokenizer_config.json";
+      if (is_directory(o->src) && file_exists(tok))
+        opt.write_tokenizer = [tok, tok_cfg](GgufWriter& w) {
+          write_gguf_tokenizer(read_text_file(tok), file_exists(tok_cfg) ? read_text_file(tok_cfg) : "", w);
+        };
       convert_to_gguf(o->src, o->dst, opt);
     } else if (o->src.ends_with(".gguf")) {
       convert_gguf_to_hf(o->src, o->dst, dt);

@@ -13,4 +13,5 @@ void add_bench_command(CLI::App& root);
 void add_perplexity_command(CLI::App& root);
 void add_compare_command(CLI::App& root);
 void add_serve_command(CLI::App& root);
+void add_make_random_command(CLI::App& root);
 }  // namespace ptllm::cli

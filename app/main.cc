@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   ptllm::cli::add_perplexity_command(app);
   ptllm::cli::add_compare_command(app);
   ptllm::cli::add_serve_command(app);
+  ptllm::cli::add_make_random_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -19,7 +19,7 @@ SECONDS_EACH=${2:-60}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 
 # target:corpus folder
-ALL=(fuzz_safetensors:safetensors fuzz_safetensors_index:safetensors_index fuzz_gguf:gguf fuzz_hf_config:hf_config
+ALL=(fuzz_safetensors:safetensors fuzz_safetensors_index:safetensors_index fuzz_gguf:gguf fuzz_gguf_model:gguf_model fuzz_hf_config:hf_config
      fuzz_tinygpt_config:tinygpt_config fuzz_tinygpt_file:tinygpt_file fuzz_tokenizer_json:tokenizer_json
      fuzz_prompt_llama2:prompt fuzz_prompt_bytelevel:prompt)
 
@@ -64,7 +64,7 @@ for t in "${SELECTED[@]}"; do
   name=${t%%:*}
   # tests/fuzz/CMakeLists.txt compiles src/ops for AVX-512 in this build
   # (clang cannot build its GCC-only dispatch); binaries that link it need the CPU.
-  if [ "$name" = fuzz_tinygpt_config ] || [ "$name" = fuzz_tinygpt_file ]; then
+  if [ "$name" = fuzz_tinygpt_config ] || [ "$name" = fuzz_tinygpt_file ] || [ "$name" = fuzz_gguf_model ]; then
     if ! grep -qw avx512f /proc/cpuinfo; then
       echo "$name: skipped (this fuzz build needs an AVX-512 CPU for src/ops)"; summary+=("$name: skipped (no AVX-512)"); continue
     fi

@@ -21,9 +21,12 @@ const TensorView& Model::tensor(const std::string& name, std::vector<int64_t> sh
   if (t.shape != shape)
     fail("{}: tensor {} has shape {}, expected {}", store_.source_of(name), name, shape_str(t.shape),
          shape_str(shape));
-  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
-    fail("{}: tensor {} has dtype {} (supported: F32, F16, BF16)", store_.source_of(name), name,
-         dtype_name(t.dtype));
+  // Block-quantised (GGUF) weights: 2-D matrices only; ops::matmul and
+  // ops::to_f32 (the embedding lookup) take them, norms and biases stay float.
+  const bool block_ok = is_block_quantised(t.dtype) && shape.size() == 2;
+  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16 && !block_ok)
+    fail("{}: tensor {} has dtype {} (supported: F32, F16, BF16; block types for 2-D weights)",
+         store_.source_of(name), name, dtype_name(t.dtype));
   return t;
 }
 

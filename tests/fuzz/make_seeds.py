@@ -174,6 +174,35 @@ def gguf_seeds():
         put("gguf", "stories260K_header.gguf", f.read(14176))
 
 
+def gguf_model_seeds():
+    """Micro llama / qwen2 GGUF models (hidden 8, 1 layer, 2 heads / 1 KV head of 4, FFN 16, vocab 16, F32)."""
+    u32 = lambda v: struct.pack("<I", v)
+    f32s = lambda n: struct.pack("<%df" % n, *vals(n))
+    for arch, bias, tied in [("llama", False, False), ("qwen2", True, True)]:
+        kv = [("general.architecture", 8, struct.pack("<Q", len(arch)) + arch.encode())]
+        for k, v in [("context_length", 64), ("embedding_length", 8), ("block_count", 1), ("feed_forward_length", 16),
+                     ("attention.head_count", 2), ("attention.head_count_kv", 1), ("attention.key_length", 4)]:
+            kv.append(("%s.%s" % (arch, k), 4, u32(v)))
+        kv.append(("%s.attention.layer_norm_rms_epsilon" % arch, 6, struct.pack("<f", 1e-5)))
+        kv.append(("%s.rope.freq_base" % arch, 6, struct.pack("<f", 10000.0)))
+        kv.append(("tokenizer.ggml.bos_token_id", 4, u32(1)))
+        kv.append(("tokenizer.ggml.eos_token_id", 4, u32(2)))
+        t = [("token_embd.weight", [8, 16], 0, f32s(128)), ("output_norm.weight", [8], 0, f32s(8))]
+        if not tied:
+            t.append(("output.weight", [8, 16], 0, f32s(128)))
+        for n, ne in [("attn_norm.weight", [8]), ("attn_q.weight", [8, 8]), ("attn_k.weight", [8, 4]),
+                      ("attn_v.weight", [8, 4]), ("attn_output.weight", [8, 8]), ("ffn_norm.weight", [8]),
+                      ("ffn_gate.weight", [8, 16]), ("ffn_up.weight", [8, 16]), ("ffn_down.weight", [16, 8])]:
+            t.append(("blk.0." + n, ne, 0, f32s(ne[0] * (ne[1] if len(ne) > 1 else 1))))
+        if bias:
+            for n, k in [("attn_q.bias", 8), ("attn_k.bias", 4), ("attn_v.bias", 4)]:
+                t.append(("blk.0." + n, [k], 0, f32s(k)))
+        put("gguf_model", "micro_%s.gguf" % arch, gguf(kv, t))
+    put("gguf_model", "llama3_rope_freqs.gguf", gguf(kv[:0] + [("general.architecture", 8, struct.pack("<Q", 5) + b"llama")] +
+        [(k.replace("qwen2", "llama"), ty, v) for k, ty, v in kv[1:]], t[:2] + [("rope_freqs.weight", [2], 0, struct.pack("<2f", 1.0, 8.0))] +
+        [x for x in t[2:] if "bias" not in x[0]]))
+
+
 def main():
     # safetensors: every dtype, empty and scalar tensors, metadata, unpadded header.
     put("safetensors", "f32_2x3", safetensors([("w", "F32", [2, 3], vals(6))]))
@@ -211,6 +240,7 @@ def main():
     put("tinygpt_file", "tied_bf16.tinygpt", tinygpt(dtype="BF16", tie=True)[0])
     put("tinygpt_file", "with_tokenizer.tinygpt", tinygpt(tokenizer=micro_tokenizer())[0])
     gguf_seeds()
+    gguf_model_seeds()
     # tokenizer.json (+ NUL + tokenizer_config.json).
     put("tokenizer_json", "micro_spm.json", json.dumps(micro_tokenizer()))
     put("tokenizer_json", "micro_bytelevel.json", json.dumps(bytelevel_tokenizer()))

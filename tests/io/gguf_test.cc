@@ -20,11 +20,16 @@ namespace ptllm {
 namespace {
 namespace fs = std::filesystem;
 
+fs::path tmp_dir() { return fs::temp_directory_path() / ("ptllm_gguf_" + std::to_string(::getpid())); }
 std::string tmp(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("ptllm_gguf_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
+  fs::create_directories(tmp_dir());
+  return (tmp_dir() / name).string();
 }
+// Removes this process's temporary files (the flagship GGUFs are 54 MB each).
+struct TmpCleanup : ::testing::Environment {
+  void TearDown() override { fs::remove_all(tmp_dir()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup);
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
