@@ -1,6 +1,9 @@
-// Backend over Model::forward with n = 1 per sequence per decode step. The
-// batched forward (one call over B sequences, each with its own cache)
-// replaces the loop in EngineBackend::decode; nothing else here changes.
+// The serving backend on the engine: prompts are prefilled per sequence in
+// chunks (Model::forward), and each decode step is one Model::forward_batch
+// over every running sequence (each with its own cache): the projections and
+// the MLP read every weight once per step for all users, attention runs per
+// sequence over its own cache, and each sequence's logits are bit-identical
+// to stepping it alone (batch invariance, tests/engine/decoder_test.cc).
 #include "serve/engine_backend.h"
 
 #include <fmt/format.h>
@@ -109,13 +112,28 @@ class EngineBackend : public Backend {
   }
 
   void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) override {
-    // TODO(lead, on merge): one Model::forward_batch over every sequence with a pending token.
+    // Sequences with a token sampled but not yet run go through one batched forward.
+    run_.clear();
+    tokens_.clear();
+    caches_.clear();
+    for (Sequence* base : seqs) {
+      auto& s = static_cast<EngineSequence&>(*base);
+      if (s.pending < 0) continue;
+      run_.push_back(&s);
+      tokens_.push_back(s.pending);
+      caches_.push_back(s.cache.get());
+    }
+    if (!run_.empty()) {
+      const size_t vocab = size_t(lm_.model->config().vocab_size);
+      batch_logits_.resize(run_.size() * vocab);
+      lm_.model->forward_batch(tokens_.data(), int64_t(run_.size()), caches_.data(), batch_logits_.data());
+      for (size_t b = 0; b < run_.size(); ++b) {
+        std::copy_n(batch_logits_.data() + b * vocab, vocab, run_[b]->logits.data());
+        check_finite(run_[b]->logits, run_[b]->cache->position() - 1);
+      }
+    }
     for (size_t i = 0; i < seqs.size(); ++i) {
       auto& s = static_cast<EngineSequence&>(*seqs[i]);
-      if (s.pending >= 0) {
-        lm_.model->forward(&s.pending, 1, *s.cache, s.logits.data(), false);
-        check_finite(s.logits, s.cache->position() - 1);
-      }
       s.pending = s.sampler.sample(s.logits);
       out[i] = s.pending;
     }
@@ -130,6 +148,11 @@ class EngineBackend : public Backend {
   const LoadedModel& lm_;
   std::mutex mu_;
   std::map<std::string, size_t> memo_;
+  // decode() scratch (the scheduler's thread only): the batch of one step.
+  std::vector<EngineSequence*> run_;
+  std::vector<int32_t> tokens_;
+  std::vector<KVCache*> caches_;
+  std::vector<float> batch_logits_;  // [B, vocab]
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 #include "core/error.h"
 
 namespace ptllm::serve {
@@ -121,16 +123,24 @@ CacheSpec parse_kv_cache(const json& obj, const CacheSpec& defaults) {
   // request may change only the window), then its cross-field rules.
   CacheSpec o = defaults;
   const auto named = [](std::string_view f) { return "kv_cache." + std::string(f); };
+  // "kv_cache.sink: got 4: expected 0 when kv_cache.window is 0 ..." (the issue names its own field).
+  const auto fail_on = [&](const SpecIssue& issue) {
+    const std::string field = named(issue.field), msg = issue.message(named);
+    bad(field, msg.rfind(field + " ", 0) == 0 ? "got " + msg.substr(field.size() + 1) : msg);
+  };
+  static const std::set<std::string> kText = {"quantize", "quantize_k", "quantize_v", "rope"};
+  static const std::set<std::string> kInteger = {"sink", "window", "kivi_group", "kivi_residual"};
   for (const auto& [key, v] : obj.items()) {
-    const std::string name = named(key);
+    if (v.is_null()) continue;  // null = the default
     std::string text;
-    if (v.is_string()) text = v.get<std::string>();
-    else if (v.is_number_integer()) text = v.dump();
-    else if (v.is_null()) continue;  // null = the default
-    else bad(name, fmt::format("expected a string or an integer, got {}", v.dump()));
-    if (auto issue = o.set(key, text)) bad(named(issue->field), issue->message(named));
+    if (kText.count(key) && v.is_string()) text = v.get<std::string>();
+    else if (kInteger.count(key) && v.is_number_integer()) text = v.dump();
+    else if (kText.count(key) || kInteger.count(key))
+      bad(named(key), fmt::format("expected {}, got {}", kText.count(key) ? "a string" : "an integer", v.dump()));
+    else text = v.dump();  // set() reports the unknown field
+    if (auto issue = o.set(key, text)) fail_on(*issue);
   }
-  if (auto issue = o.issue()) bad(named(issue->field), issue->message(named));
+  if (auto issue = o.issue()) fail_on(*issue);
   return o;
 }
 

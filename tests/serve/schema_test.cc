@@ -64,8 +64,9 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "kv_cache": {"kivi_group": 1.5}})", "kv_cache.kivi_group"},
       {R"({"prompt": "a", "kv_cache": {"kivi_residual": -4}})", "kv_cache.kivi_residual"},
       // Cross-field: sinks without a window, a residual not a multiple of the group.
-      {R"({"prompt": "a", "kv_cache": {"sink": 4}})", "kv_cache"},
-      {R"({"prompt": "a", "kv_cache": {"quantize": "int4", "kivi_group": 32, "kivi_residual": 40}})", "kv_cache"},
+      {R"({"prompt": "a", "kv_cache": {"sink": 4}})", "kv_cache.sink"},
+      {R"({"prompt": "a", "kv_cache": {"quantize": "int4", "kivi_group": 32, "kivi_residual": 40}})",
+       "kv_cache.kivi_residual"},
   };
   for (const auto& [body, param] : cases) {
     ApiError e = completion_error(body);
