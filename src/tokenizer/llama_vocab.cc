@@ -218,7 +218,10 @@ std::vector<int32_t> LlamaVocab::encode(const Impl& t, std::string_view text, bo
     spans.assign(1, {0, s.size()});
     for (const auto& re : splits) {
       next.clear();
-      for (auto [b, e] : spans) {
+      for (const auto& span : spans) {
+        // Plain names, not a structured binding: the lambda below captures
+        // them, which clang 14 (the fuzz build) does not allow for bindings.
+        const size_t b = span.first, e = span.second;
         size_t prev = b;
         re->for_each(std::string_view(s).substr(b, e - b), [&](size_t mb, size_t me) {
           if (b + mb > prev) next.emplace_back(prev, b + mb);
