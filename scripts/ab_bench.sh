@@ -6,15 +6,17 @@
 # Lines: bench -p 512 -n 128 (prefill and decode from an empty cache) for
 # fp32/int8/int4, and decode with 4,096 stored tokens (full StreamingLLM cache
 # sink 4 + window 4092, as scripts/kivi_bench.sh) for the same modes.
-# Usage: scripts/ab_bench.sh OLD_BIN NEW_BIN   Env: ROUNDS (5), THREADS (2), MODES.
+# Usage: scripts/ab_bench.sh OLD_BIN NEW_BIN   Env: ROUNDS (5), THREADS (2), MODES,
+#        RAW (keep every round's figures in this file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=$1 NEW=$2
 ROUNDS=${ROUNDS:-5}
 THREADS=${THREADS:-2}
 MODES=(${MODES:-fp32 int8 int4})
-res=$(mktemp)
-trap 'rm -f "$res"' EXIT
+res=${RAW:-$(mktemp)}
+[ -n "${RAW:-}" ] || trap 'rm -f "$res"' EXIT
+: >"$res"
 run() {  # tag bin line args...
   local tag=$1 bin=$2 line=$3; shift 3
   "$bin" bench models/flagship-27m --threads "$THREADS" -r 1 --json "$@" |
