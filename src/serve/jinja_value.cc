@@ -233,8 +233,7 @@ const Value* CallArgs::get(size_t i, const std::string& name) const {
   return nullptr;
 }
 
-namespace {
-
+// Appends code point cp as UTF-8 (jinja_value.h).
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
     out += char(cp);
@@ -252,6 +251,9 @@ void append_utf8(std::string& out, uint32_t cp) {
     out += char(0x80 | (cp & 0x3F));
   }
 }
+
+namespace {
+
 
 // Decodes one UTF-8 sequence at s[i] (advancing i); malformed bytes decode
 // as themselves so no input is rejected here.

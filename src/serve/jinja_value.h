@@ -125,4 +125,7 @@ bool strict_equal(const Value& a, const Value& b);
 // undefined, strings by content, containers by identity.
 bool loose_equal(const Value& a, const Value& b);
 
+// Appends code point cp to out as UTF-8 (string escapes, |upper / |lower results).
+void append_utf8(std::string& out, uint32_t cp);
+
 }  // namespace ptllm::jinja
