@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Throughput and latency of `posttrainllm serve` vs llama.cpp, side by side in
+# one run, alternated per round and per level (this VM drifts by tens of percent
+# within minutes): K concurrent streams of T tokens each, K in LEVELS.
+#   ours:      serve (--threads 2, --max-sequences K) driven by scripts/serve_load.mjs
+#   llama.cpp: node-llama-cpp, K sequences of one context (scripts/llamacpp_streams.mjs)
+# on the same model (flagship-27m; llama.cpp reads it as an f16 GGUF written by
+# our converter, the same weights). Prints each run as a JSON line, then a
+# markdown table of the per-level medians over the rounds.
+#   ROUNDS=3 LEVELS="1 4 16 64" TOKENS=200 scripts/serve_vs_llamacpp.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-build/app/posttrainllm}
+ROUNDS=${ROUNDS:-3}
+LEVELS=${LEVELS:-"1 4 16 64"}
+TOKENS=${TOKENS:-200}
+THREADS=${THREADS:-2}
+MODEL=${MODEL:-models/flagship-27m}
+OURS_CACHE=${OURS_CACHE:-}      # extra serve flags, e.g. "--kv-quantize int4"
+LLAMA_KV=${LLAMA_KV:-f16}
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+[ -x "$BIN" ] || { echo "serve_vs_llamacpp: $BIN not built (scripts/setup.sh)" >&2; exit 2; }
+GGUF=${GGUF:-$work/flagship-f16.gguf}
+[ -f "$GGUF" ] || "$BIN" convert "$MODEL" "$GGUF" --type f16 >/dev/null
+
+ours() {  # $1 = K
+  local log="$work/serve.log"
+  # shellcheck disable=SC2086
+  "$BIN" serve "$MODEL" --port 0 --threads "$THREADS" --max-sequences "$1" --max-queue 1024 \
+    --kv-budget 4GiB $OURS_CACHE 2>"$log" &
+  local pid=$!
+  local url=""
+  for _ in $(seq 100); do
+    url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" || true); [ -n "$url" ] && break; sleep 0.1
+  done
+  [ -n "$url" ] || { echo "serve_vs_llamacpp: server did not start: $(cat "$log")" >&2; exit 1; }
+  # Warm-up outside the timing (weights faulted in), as llamacpp_streams.mjs does.
+  curl -sf "$url/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":2}' >/dev/null
+  node scripts/serve_load.mjs "$url" --concurrency "$1" --requests "$1" --max-tokens "$TOKENS" |
+    sed 's/^{/{"engine":"posttrainllm serve",/'
+  kill -TERM "$pid"; wait "$pid" || true
+}
+theirs() { node scripts/llamacpp_streams.mjs "$GGUF" --streams "$1" --tokens "$TOKENS" --threads "$THREADS" --kv-type "$LLAMA_KV"; }
+
+: >"$work/runs.jsonl"
+for r in $(seq "$ROUNDS"); do
+  for k in $LEVELS; do
+    # Alternate which engine goes first from round to round.
+    if [ $((r % 2)) -eq 1 ]; then ours "$k"; theirs "$k"; else theirs "$k"; ours "$k"; fi | tee -a "$work/runs.jsonl"
+  done
+done
+python3 - "$work/runs.jsonl" <<'EOF'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
+def med(eng, k, key):
+    v = [r[key] for r in runs if r['engine'].startswith(eng) and (r.get('concurrency') or r.get('streams')) == k]
+    return statistics.median(v) if v else float('nan')
+levels = sorted({r.get('concurrency') or r.get('streams') for r in runs})
+print('\n| streams | ours tok/s | llama.cpp tok/s | ratio | ours TTFT p50 ms | llama.cpp TTFT p50 ms | ours ITL p50 / p99 ms | llama.cpp ITL p50 / p99 ms |')
+print('| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+for k in levels:
+    o, t = med('posttrainllm', k, 'tokens_per_second'), med('llama.cpp', k, 'tokens_per_second')
+    print(f"| {k} | {o:.0f} | {t:.0f} | {o / t:.2f} | {med('posttrainllm', k, 'ttft_ms_p50'):.1f} | {med('llama.cpp', k, 'ttft_ms_p50'):.1f} | "
+          f"{med('posttrainllm', k, 'itl_ms_p50'):.1f} / {med('posttrainllm', k, 'itl_ms_p99'):.1f} | "
+          f"{med('llama.cpp', k, 'itl_ms_p50'):.1f} / {med('llama.cpp', k, 'itl_ms_p99'):.1f} |")
+EOF
