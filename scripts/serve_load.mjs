@@ -5,9 +5,10 @@
 // token to token, sequences per decode step), which leave out client overhead.
 // Usage: node scripts/serve_load.mjs URL [--concurrency 16] [--requests 32] [--max-tokens 64]
 //        [--prompt-tokens 0 (0 = a short text prompt; N = N token ids)] [--kv-cache JSON]
+//        [--seconds S (0 = off; else no new request is started after S seconds: a soak)]
 const [url, ...rest] = process.argv.slice(2);
 if (!url) { console.error('usage: node serve_load.mjs URL [--concurrency C] [--requests N] [--max-tokens T]'); process.exit(2); }
-const opt = { concurrency: 16, requests: 32, 'max-tokens': 64, 'prompt-tokens': 0, 'kv-cache': '' };
+const opt = { concurrency: 16, requests: 32, 'max-tokens': 64, 'prompt-tokens': 0, 'kv-cache': '', seconds: 0 };
 for (let i = 0; i < rest.length; i += 2) {
   const k = rest[i].replace(/^--/, '');
   if (!(k in opt)) { console.error(`unknown flag ${rest[i]}`); process.exit(2); }
@@ -24,8 +25,8 @@ async function one(i) {
   const t0 = performance.now();
   const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
                                                     body: JSON.stringify(body) });
-  if (res.status !== 200) { failed++; await res.text(); return; }
-  let last = null, buf = '';
+  if (res.status !== 200) { failed++; console.error(`request ${i}: HTTP ${res.status}: ${await res.text()}`); return; }
+  let last = null, buf = '', finished = false;
   const dec = new TextDecoder();
   for await (const chunk of res.body) {
     buf += dec.decode(chunk, { stream: true });
@@ -34,12 +35,14 @@ async function one(i) {
       const ev = buf.slice(0, k); buf = buf.slice(k + 2);
       if (!ev.startsWith('data: {')) continue;
       const j = JSON.parse(ev.slice(6));
-      if (j.usage) { tokens += j.usage.completion_tokens; continue; }
+      if (j.error) { failed++; console.error(`request ${i}: ${JSON.stringify(j.error)}`); continue; }
+      if (j.usage) { tokens += j.usage.completion_tokens; finished = true; continue; }
       const now = performance.now();
       if (last === null) ttft.push(now - t0); else itl.push(now - last);
       last = now;
     }
   }
+  if (!finished) { failed++; console.error(`request ${i}: the stream ended without its final chunk`); }
 }
 async function scrape() {
   const m = {};
@@ -50,10 +53,12 @@ async function scrape() {
 const mean = (a, b, name) => (b[`${name}_sum`] - a[`${name}_sum`]) / (b[`${name}_count`] - a[`${name}_count`]);
 const before = await scrape();
 const t0 = performance.now();
-await Promise.all(Array.from({ length: opt.concurrency }, async () => { while (next < opt.requests) await one(next++); }));
+await Promise.all(Array.from({ length: opt.concurrency }, async () => {
+  while (next < opt.requests && !(opt.seconds > 0 && performance.now() - t0 > 1000 * opt.seconds)) await one(next++);
+}));
 const secs = (performance.now() - t0) / 1000;
 const after = await scrape();
-console.log(JSON.stringify({ ...opt, seconds: +secs.toFixed(2), failed, generated_tokens: tokens,
+console.log(JSON.stringify({ ...opt, seconds: +secs.toFixed(2), requests_done: next, failed, generated_tokens: tokens,
   tokens_per_second: +(tokens / secs).toFixed(1), ttft_ms_p50: +pct(ttft, 0.5).toFixed(1), ttft_ms_p99: +pct(ttft, 0.99).toFixed(1),
   itl_ms_p50: +pct(itl, 0.5).toFixed(2), itl_ms_p99: +pct(itl, 0.99).toFixed(2),
   server_ttft_ms_mean: +(1000 * mean(before, after, 'ptllm_time_to_first_token_seconds')).toFixed(1),
