@@ -5,13 +5,12 @@
 //
 //   node scripts/llamacpp_greedy.mjs FILE.gguf --ids 1,2,3 [--tokens 32] [--threads 1]
 //
-// node-llama-cpp is taken from $PTLLM_ANCHORS (a node_modules folder), else
-// tools/anchors/node_modules of this checkout, else /work/main/tools/anchors.
+// node-llama-cpp is found as scripts/lib/node_llama.mjs says.
 // Generation stops after --tokens ids; an end-of-generation token is printed
 // and ends it early. Exit 2 on bad arguments, 1 if llama.cpp cannot load FILE.
 import fs from "node:fs";
 import path from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { importNodeLlamaCpp } from "./lib/node_llama.mjs";
 
 function usage(msg) {
   if (msg) console.error(`llamacpp_greedy: ${msg}`);
@@ -38,12 +37,7 @@ if (prompt.length === 0 || prompt.some((x) => !Number.isInteger(x) || x < 0)) us
 if (!Number.isInteger(tokens) || tokens < 1) usage(`--tokens: expected a positive integer`);
 if (!Number.isInteger(threads) || threads < 1) usage(`--threads: expected a positive integer`);
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const candidates = [process.env.PTLLM_ANCHORS, path.join(here, "..", "tools", "anchors", "node_modules"),
-                    "/work/main/tools/anchors/node_modules"].filter(Boolean);
-const root = candidates.find((d) => fs.existsSync(path.join(d, "node-llama-cpp", "dist", "index.js")));
-if (!root) usage(`node-llama-cpp not found in ${candidates.join(", ")} (npm ci in tools/anchors)`);
-const { getLlama, LlamaLogLevel } = await import(pathToFileURL(path.join(root, "node-llama-cpp", "dist", "index.js")).href);
+const { getLlama, LlamaLogLevel } = await importNodeLlamaCpp(usage);
 
 try {
   const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error });

@@ -11,7 +11,7 @@
 //        [--ctx-per-seq 512] [--kv-type f16|q8_0|q4_0]
 import fs from "node:fs";
 import path from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { importNodeLlamaCpp } from "./lib/node_llama.mjs";
 
 function usage(msg) {
   if (msg) console.error(`llamacpp_streams: ${msg}`);
@@ -36,12 +36,7 @@ if (!file) usage("FILE is required");
 if (!fs.existsSync(file)) usage(`${file}: no such file`);
 if (!["f16", "q8_0", "q4_0"].includes(opt["kv-type"])) usage(`--kv-type ${opt["kv-type"]}: expected f16, q8_0 or q4_0`);
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const candidates = [process.env.PTLLM_ANCHORS, path.join(here, "..", "tools", "anchors", "node_modules"),
-                    "/work/main/tools/anchors/node_modules"].filter(Boolean);
-const root = candidates.find((d) => fs.existsSync(path.join(d, "node-llama-cpp", "dist", "index.js")));
-if (!root) usage(`node-llama-cpp not found in ${candidates.join(", ")} (npm ci in tools/anchors)`);
-const { getLlama, LlamaLogLevel } = await import(pathToFileURL(path.join(root, "node-llama-cpp", "dist", "index.js")).href);
+const { getLlama, LlamaLogLevel } = await importNodeLlamaCpp(usage);
 
 const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s.length ? s[Math.min(s.length - 1, Math.floor(p * s.length))] : NaN; };
 try {

@@ -10,6 +10,7 @@
 //        [--budget 64MiB] [--tokens 2000] [--extra 4] [--threads 2] [--modes all|name,name]
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { forEachEvent, scrapeMetrics } from './lib/serve_client.mjs';
 
 const opt = { bin: 'build/app/posttrainllm', model: '', budget: '64MiB', tokens: 2000, extra: 4,
               threads: 2, modes: 'all' };
@@ -38,12 +39,7 @@ const rssMiB = (pid) => {
   catch { return NaN; }  // no /proc (macOS): RSS is not reported
 };
 
-async function scrape(url) {
-  const m = {};
-  for (const line of (await (await fetch(`${url}/metrics`)).text()).split('\n'))
-    if (line && !line.startsWith('#')) m[line.slice(0, line.lastIndexOf(' '))] = Number(line.slice(line.lastIndexOf(' ') + 1));
-  return m;
-}
+const scrape = scrapeMetrics;
 const sumPrefix = (m, prefix) => Object.entries(m).filter(([k]) => k.startsWith(prefix)).reduce((s, [, v]) => s + v, 0);
 
 function startServer(flags) {
@@ -67,19 +63,11 @@ async function user(url, i) {
     body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: opt.tokens, ignore_eos: true, stream: true,
                            seed: i, temperature: 0.8 }) });
   if (res.status !== 200) return { status: res.status, tokens: 0, finish: null };
-  let buf = '', tokens = 0, finish = null;
-  const dec = new TextDecoder();
-  for await (const chunk of res.body) {
-    buf += dec.decode(chunk, { stream: true });
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, k); buf = buf.slice(k + 2);
-      if (!ev.startsWith('data: {')) continue;
-      const j = JSON.parse(ev.slice(6));
-      if (j.choices?.[0]?.finish_reason) finish = j.choices[0].finish_reason;
-      if (j.usage) tokens = j.usage.completion_tokens;
-    }
-  }
+  let tokens = 0, finish = null;
+  await forEachEvent(res.body, (j) => {
+    if (j.choices?.[0]?.finish_reason) finish = j.choices[0].finish_reason;
+    if (j.usage) tokens = j.usage.completion_tokens;
+  });
   return { status: 200, tokens, finish };
 }
 

@@ -6,6 +6,7 @@
 // Usage: node scripts/serve_load.mjs URL [--concurrency 16] [--requests 32] [--max-tokens 64]
 //        [--prompt-tokens 0 (0 = a short text prompt; N = N token ids)] [--kv-cache JSON]
 //        [--seconds S (0 = off; else no new request is started after S seconds: a soak)]
+import { forEachEvent, scrapeMetrics } from './lib/serve_client.mjs';
 const [url, ...rest] = process.argv.slice(2);
 if (!url) { console.error('usage: node serve_load.mjs URL [--concurrency C] [--requests N] [--max-tokens T]'); process.exit(2); }
 const opt = { concurrency: 16, requests: 32, 'max-tokens': 64, 'prompt-tokens': 0, 'kv-cache': '', seconds: 0 };
@@ -26,30 +27,17 @@ async function one(i) {
   const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
                                                     body: JSON.stringify(body) });
   if (res.status !== 200) { failed++; console.error(`request ${i}: HTTP ${res.status}: ${await res.text()}`); return; }
-  let last = null, buf = '', finished = false;
-  const dec = new TextDecoder();
-  for await (const chunk of res.body) {
-    buf += dec.decode(chunk, { stream: true });
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, k); buf = buf.slice(k + 2);
-      if (!ev.startsWith('data: {')) continue;
-      const j = JSON.parse(ev.slice(6));
-      if (j.error) { failed++; console.error(`request ${i}: ${JSON.stringify(j.error)}`); continue; }
-      if (j.usage) { tokens += j.usage.completion_tokens; finished = true; continue; }
-      const now = performance.now();
-      if (last === null) ttft.push(now - t0); else itl.push(now - last);
-      last = now;
-    }
-  }
+  let last = null, finished = false;
+  await forEachEvent(res.body, (j) => {
+    if (j.error) { failed++; console.error(`request ${i}: ${JSON.stringify(j.error)}`); return; }
+    if (j.usage) { tokens += j.usage.completion_tokens; finished = true; return; }
+    const now = performance.now();
+    if (last === null) ttft.push(now - t0); else itl.push(now - last);
+    last = now;
+  });
   if (!finished) { failed++; console.error(`request ${i}: the stream ended without its final chunk`); }
 }
-async function scrape() {
-  const m = {};
-  for (const line of (await (await fetch(`${url}/metrics`)).text()).split('\n'))
-    if (line && !line.startsWith('#')) m[line.slice(0, line.lastIndexOf(' '))] = Number(line.slice(line.lastIndexOf(' ') + 1));
-  return m;
-}
+const scrape = () => scrapeMetrics(url);
 const mean = (a, b, name) => (b[`${name}_sum`] - a[`${name}_sum`]) / (b[`${name}_count`] - a[`${name}_count`]);
 const before = await scrape();
 const t0 = performance.now();
