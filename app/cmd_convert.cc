@@ -31,13 +31,14 @@ void add_convert_command(CLI::App& root) {
     if (o->dst.ends_with(".gguf")) {
       GgufConvertOptions opt;
       opt.type = parse_gguf_type(o->type, "--type");
-      // A folder's tokenizer.json through the vocab converter (llama.cpp's key
-      // names and scores); a .tinygpt's embedded one keeps the interim writer.
-      const std::string tok = o->src + "/tokenizer.json", tok_cfg = o->src + "/tokenizer_config.json";
-      if (is_directory(o->src) && file_exists(tok))
-        opt.write_tokenizer = [tok, tok_cfg](GgufWriter& w) {
-          write_gguf_tokenizer(read_text_file(tok), file_exists(tok_cfg) ? read_text_file(tok_cfg) : "", w);
-        };
+      // tokenizer.json (a folder's, or the one a .tinygpt embeds) through the vocab
+      // converter: llama.cpp's key names, token types and scores.
+      const std::string tok_cfg = o->src + "/tokenizer_config.json";
+      const std::string cfg_text = is_directory(o->src) && file_exists(tok_cfg) ? read_text_file(tok_cfg) : "";
+      opt.write_tokenizer = [src = o->src, cfg_text](GgufWriter& w, const std::string& tok) {
+        if (tok.empty()) fail("{}: no tokenizer.json to write into the GGUF file (llama.cpp needs tokenizer.ggml.*)", src);
+        write_gguf_tokenizer(tok, cfg_text, w);
+      };
       convert_to_gguf(o->src, o->dst, opt);
     } else if (o->src.ends_with(".gguf")) {
       convert_gguf_to_hf(o->src, o->dst, dt);

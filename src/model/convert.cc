@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +10,8 @@
 #include "io/mmap.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/gguf_convert.h"
+#include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/tensor_names.h"
 
@@ -18,36 +19,23 @@ namespace ptllm {
 namespace {
 using json = nlohmann::json;
 
-// Tensor data converted (or passed through) for writing; owns converted bytes.
+// A tensor to write as `dtype`, converted from `src` (any dtype, block-quantised too).
 struct OutTensor {
   std::string name;
   TensorView src;
   DType dtype;
-  std::vector<std::byte> converted;
 };
 
-void convert_data(OutTensor& t) {
-  if (t.dtype == t.src.dtype) return;
-  const int64_t n = t.src.numel();
-  t.converted.resize(storage_bytes(t.dtype, size_t(n)));
-  for (int64_t i = 0; i < n; ++i) {
-    const float f = t.src.at_f32(i);
-    switch (t.dtype) {
-      case DType::F32: std::memcpy(t.converted.data() + 4 * i, &f, 4); break;
-      case DType::F16: { uint16_t h = f32_to_f16(f); std::memcpy(t.converted.data() + 2 * i, &h, 2); break; }
-      case DType::BF16: { uint16_t h = f32_to_bf16(f); std::memcpy(t.converted.data() + 2 * i, &h, 2); break; }
-      default: fail("convert: unsupported target dtype {}", dtype_name(t.dtype));
-    }
-  }
-}
-
-void write_all(const std::string& path, std::vector<OutTensor>& ts, const std::map<std::string, std::string>& meta) {
+// Converted tensors are held until the safetensors file is written.
+void write_all(const std::string& path, const std::vector<OutTensor>& ts, const std::map<std::string, std::string>& meta) {
+  std::vector<std::vector<std::byte>> bufs;
   std::vector<TensorToWrite> w;
-  for (auto& t : ts) {
-    if (t.src.dtype != DType::F32 && t.src.dtype != DType::F16 && t.src.dtype != DType::BF16)
-      fail("convert: tensor {} has dtype {} (supported: F32, F16, BF16)", t.name, dtype_name(t.src.dtype));
-    convert_data(t);
-    w.push_back({t.name, t.dtype, t.src.shape, t.converted.empty() ? static_cast<const void*>(t.src.data) : t.converted.data()});
+  for (const OutTensor& t : ts) {
+    TensorView s = t.src;
+    if (s.shape.size() == 1) s.shape = {1, s.shape[0]};
+    bufs.emplace_back(storage_bytes(t.dtype, size_t(s.numel())));
+    encode_rows(s, 0, s.shape[0], t.dtype, bufs.back().data());
+    w.push_back({t.name, t.dtype, t.src.shape, bufs.back().data()});
   }
   write_safetensors(path, w, meta);
 }
@@ -76,22 +64,25 @@ void convert_hf_to_tinygpt(const std::string& hf_dir, const std::string& out_pat
     std::string tn = tinygpt_name_of(name);
     if (tn.empty()) continue;  // e.g. rotary caches some exporters add
     if (tn == "output.weight" && c.tie_embeddings) continue;
-    ts.push_back({tn, t, dtype.value_or(t.dtype), {}});
+    ts.push_back({tn, t, dtype.value_or(t.dtype)});
   }
   write_all(out_path, ts, meta);
 }
 
-void convert_tinygpt_to_hf(const std::string& path, const std::string& out_dir, std::optional<DType> dtype) {
-  std::string tok;
-  auto model = Model::load_tinygpt(path, &tok);
-  const ModelConfig& c = model->config();
-  if (c.yoco()) fail("{}: a YOCO model has no Hugging Face Llama equivalent; only plain .tinygpt converts back", path);
+void write_hf_folder(const Model& model, const std::string& out_dir, std::optional<DType> dtype,
+                     const std::string& tokenizer_json) {
+  const ModelConfig& c = model.config();
+  if (dtype && *dtype != DType::F32 && *dtype != DType::F16 && *dtype != DType::BF16)
+    fail("--dtype {}: a Hugging Face folder holds f32, f16 or bf16", dtype_name(*dtype));
   std::filesystem::create_directories(out_dir);
-  // The torch dtype transformers should load: the stored one when uniform.
-  DType stored = model->tensors().all().begin()->second.dtype;
-  const DType out_dt = dtype.value_or(stored);
-  json cfg = {{"architectures", {"LlamaForCausalLM"}},
-              {"model_type", "llama"},
+  // The torch dtype transformers should load: the embedding's (f32 for block-quantised GGUF weights).
+  const DType emb = model.tensors().get("model.embed_tokens.weight").dtype;
+  const DType out_dt = dtype.value_or(is_block_quantised(emb) ? DType::F32 : emb);
+  const char* types[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+  const char* model_types[] = {"llama", "mistral", "qwen2"};
+  const int fam = c.family == Family::Mistral ? 1 : c.family == Family::Qwen2 ? 2 : 0;
+  json cfg = {{"architectures", {types[fam]}},
+              {"model_type", model_types[fam]},
               {"vocab_size", c.vocab_size},
               {"hidden_size", c.hidden_size},
               {"intermediate_size", c.intermediate_size},
@@ -103,19 +94,39 @@ void convert_tinygpt_to_hf(const std::string& path, const std::string& out_dir, 
               {"rms_norm_eps", c.rms_eps},
               {"rope_theta", c.rope.theta},
               {"hidden_act", "silu"},
-              {"attention_bias", false},
+              {"attention_bias", c.qkv_bias},
               {"mlp_bias", false},
               {"tie_word_embeddings", c.tie_embeddings},
-              {"bos_token_id", c.bos_id},
-              {"eos_token_id", c.eos_ids.at(0)},
               {"torch_dtype", out_dt == DType::F32 ? "float32" : out_dt == DType::F16 ? "float16" : "bfloat16"}};
+  if (c.rope.type == RopeConfig::Type::Linear) cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.factor}};
+  if (c.sliding_window > 0) cfg["sliding_window"] = c.sliding_window;
+  if (c.family == Family::Qwen2) cfg["use_sliding_window"] = false;
+  json gen = json::object();
+  if (c.bos_id >= 0) cfg["bos_token_id"] = gen["bos_token_id"] = c.bos_id;
+  if (!c.eos_ids.empty()) cfg["eos_token_id"] = gen["eos_token_id"] = c.eos_ids[0];
   std::ofstream(out_dir + "/config.json") << cfg.dump(2) << "\n";
-  std::ofstream(out_dir + "/generation_config.json")
-      << json{{"bos_token_id", c.bos_id}, {"eos_token_id", c.eos_ids.at(0)}}.dump(2) << "\n";
-  if (!tok.empty()) std::ofstream(out_dir + "/tokenizer.json") << tok;
+  std::ofstream(out_dir + "/generation_config.json") << gen.dump(2) << "\n";
+  if (!tokenizer_json.empty()) std::ofstream(out_dir + "/tokenizer.json") << tokenizer_json;
+  // Block-quantised (GGUF) tensors are decoded to the folder's dtype; the others keep theirs unless --dtype.
   std::vector<OutTensor> ts;
-  for (auto& [name, t] : model->tensors().all()) ts.push_back({name, t, dtype.value_or(t.dtype), {}});
+  for (const auto& [name, t] : model.tensors().all())
+    ts.push_back({name, t, dtype.value_or(is_block_quantised(t.dtype) ? out_dt : t.dtype)});
   write_all(out_dir + "/model.safetensors", ts, {{"format", "pt"}});
+}
+
+void convert_tinygpt_to_hf(const std::string& path, const std::string& out_dir, std::optional<DType> dtype) {
+  std::string tok;
+  auto model = Model::load_tinygpt(path, &tok);
+  if (model->config().yoco())
+    fail("{}: a YOCO model has no Hugging Face Llama equivalent; only plain .tinygpt converts back", path);
+  write_hf_folder(*model, out_dir, dtype, tok);
+}
+
+void convert_gguf_to_hf(const std::string& in, const std::string& out_dir, std::optional<DType> dtype) {
+  auto model = load_gguf_model(in);
+  if (!model->config().rope.freq_factors.empty())
+    fail("{}: rope_freqs (Llama 3 RoPE scaling as factors) cannot be written as config.json", in);
+  write_hf_folder(*model, out_dir, dtype);
 }
 
 }  // namespace ptllm

@@ -187,9 +187,8 @@ void convert_to_gguf(const std::string& in, const std::string& out_path, const G
   const bool permute = c.family != Family::Qwen2;
   GgufWriter w;
   write_gguf_model_metadata(w, c, std::filesystem::path(in).filename().string(), opt.type);
-  if (opt.write_tokenizer) opt.write_tokenizer(w);
-  else if (!tok_json.empty()) write_gguf_tokenizer_json(w, tok_json, in + " (tokenizer.json)", c);
-  else fail("{}: no tokenizer.json to write into the GGUF file (llama.cpp needs tokenizer.ggml.*)", in);
+  if (!opt.write_tokenizer) fail("{}: convert_to_gguf needs a tokenizer writer (GgufConvertOptions)", in);
+  opt.write_tokenizer(w, tok_json);
 
   // rope_freqs first (llama.cpp writes it before the layers), then HF order.
   std::vector<float> factors = c.rope.freq_factors;

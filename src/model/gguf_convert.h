@@ -15,10 +15,11 @@ struct GgufConvertOptions {
   // rope_freqs stay F32, as llama.cpp keeps them. A weight whose row length is
   // not a multiple of the block size falls back to F16.
   DType type = DType::F16;
-  // Writes the tokenizer.ggml.* keys. Null: the interim writer below, from
-  // IN/tokenizer.json (SentencePiece-style BPE with byte fallback only). The
-  // vocab branch's converter replaces it.
-  std::function<void(GgufWriter&)> write_tokenizer;
+  // Writes the tokenizer.ggml.* keys from the source's tokenizer.json text (the
+  // folder's file, or the one a .tinygpt embeds; empty when it has none). The
+  // tokenizer library owns that conversion (write_gguf_tokenizer) and model may
+  // not depend on it, so the caller supplies it. Required.
+  std::function<void(GgufWriter&, const std::string& tokenizer_json)> write_tokenizer;
 };
 
 // HF folder or (plain) .tinygpt -> GGUF v3, architecture `llama` (`qwen2` for
@@ -38,9 +39,6 @@ uint32_t gguf_file_type(DType type);
 // A minimal SentencePiece-style vocabulary that every GGUF reader accepts:
 // <unk>, <s>, </s>, the 256 byte tokens <0x00>.., then placeholders up to vocab_size.
 void write_gguf_byte_tokenizer(GgufWriter& w, int64_t vocab_size);
-// The interim tokenizer.ggml.* writer from a tokenizer.json (see GgufConvertOptions).
-void write_gguf_tokenizer_json(GgufWriter& w, const std::string& tokenizer_json, const std::string& where,
-                               const ModelConfig& c);
 
 // Encodes rows [row0, row0 + n_rows) of `src` ([rows, cols], F32/F16/BF16) as
 // `type` into out (n_rows * storage_bytes(type, cols) bytes). row_of maps an

@@ -16,6 +16,7 @@
 #include "model/gguf_model.h"
 #include "model/random_model.h"
 #include "test_util.h"
+#include "tokenizer/gguf_file.h"
 
 namespace ptllm {
 namespace {
@@ -160,7 +161,7 @@ TEST_P(GgufFixture, ConvertedLogitsMatchTransformers) {
   const std::string out = tmp(GetParam() + ".gguf");
   GgufConvertOptions opt;
   opt.type = DType::F32;
-  opt.write_tokenizer = [](GgufWriter&) {};  // the fixtures have no tokenizer
+  opt.write_tokenizer = [](GgufWriter&, const std::string&) {};  // the fixtures have no tokenizer
   convert_to_gguf(dir, out, opt);
   auto model = load_gguf_model(out);
   TensorStore ref;
@@ -208,6 +209,7 @@ TEST(GgufModel, FlagshipConvertMatchesHfFolder) {
     const std::string out = tmp(std::string("flagship-") + std::string(dtype_name(t)) + ".gguf");
     GgufConvertOptions opt;
     opt.type = t;
+    opt.write_tokenizer = [](GgufWriter& w, const std::string& tok) { write_gguf_tokenizer(tok, "", w); };
     convert_to_gguf(dir, out, opt);
     auto gg = load_gguf_model(out);
     const double d = rel_diff(full_logits(*gg, ids), ref);
