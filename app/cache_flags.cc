@@ -12,7 +12,8 @@ constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
     {"quantize", "--kv-quantize"},          {"quantize_k", "--kv-quantize-k"},
     {"quantize_v", "--kv-quantize-v"},      {"sink", "--streaming-llm-sink"},
     {"window", "--streaming-llm-window"},   {"rope", "--streaming-llm-rope"},
-    {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"}};
+    {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"},
+    {"residual_dtype", "--kivi-residual-dtype"}};
 
 // Adds the flag of `field`; its value goes straight into spec.set, which parses
 // it once. A bad value is a CLI11 error "<flag>: got <value>, expected ...".
@@ -50,6 +51,10 @@ void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
                 "INT>=0");
   add_spec_flag(cmd, o, "kivi_residual",
                 "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)", "INT>=0");
+  add_spec_flag(cmd, o, "residual_dtype",
+                "Grouped KIVI: storage of the residual and sink tokens, fp16 (default), bf16 or fp32; widened to fp32 "
+                "for attention",
+                "fp32|fp16|bf16");
 }
 
 void add_cache_flags(CLI::App* cmd, CacheSpec& o) {

@@ -168,7 +168,8 @@ std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, 
   if (is_quantised(s) && o.kivi_group > 0)
     return std::make_unique<GroupedKiviStore>(
         key ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken, range_of(s), n_heads, capacity,
-        head_dim, sink, o.kivi_group, o.kivi_residual);
+        head_dim, sink, o.kivi_group, o.kivi_residual,
+        o.residual_dtype == KVStorage::F32 ? DType::F32 : o.residual_dtype == KVStorage::BF16 ? DType::BF16 : DType::F16);
   return key ? make_key_store(s, n_heads, capacity, head_dim, sink)
              : make_value_store(s, n_heads, capacity, head_dim, sink);
 }

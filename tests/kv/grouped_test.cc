@@ -142,6 +142,7 @@ TEST(GroupedKivi, EvictionAcrossGroupBoundariesKeepsBoundAndValues) {
     o.window = M;
     o.kivi_group = G;
     o.kivi_residual = 2 * G;
+    o.residual_dtype = KVStorage::F32;  // sinks read back bit-exact (fp16 sinks: ResidualDtype* below)
     auto cache = make_cache(s, o);
     auto& sc = dynamic_cast<StorageKVCache&>(*cache);
     std::vector<std::vector<float>> ks;  // pre-RoPE keys by position
@@ -311,7 +312,8 @@ TEST(GroupedKivi, AsymmetricKeyValueSettings) {
   auto k = randn(size_t(T * 2 * 32), rng), v = randn(k.size(), rng);
   cache->append(0, k.data(), v.data(), T);
   const int64_t r = 128 + (T - 128) % 32, Q = T - r;
-  EXPECT_EQ(cache->payload_bytes(), size_t(2 * (r * 32 * 4 * 2 + Q * 16 + Q * 8)));
+  // Residual rows in the default fp16: 2 bytes per element, K and V.
+  EXPECT_EQ(cache->payload_bytes(), size_t(2 * (r * 32 * 2 * 2 + Q * 16 + Q * 8)));
   EXPECT_EQ(cache->scale_bytes(), size_t(2 * ((Q / 32) * 32 * 4 + Q * 4)));
   // Only the overridden side changes: K fp16 + V from --kv-quantize int8.
   CacheSpec o2;
@@ -319,6 +321,65 @@ TEST(GroupedKivi, AsymmetricKeyValueSettings) {
   o2.key_storage = KVStorage::F16;
   EXPECT_EQ(o2.k_storage(), KVStorage::F16);
   EXPECT_EQ(o2.v_storage(), KVStorage::Int8);
+}
+
+// fp16 / bf16 residual and sinks: each residual/sink row reads back as exactly
+// the fp16 (bf16) rounding of what was appended; quantised rows are those of
+// an fp32-residual store fed the same rounded values (the group is quantised
+// from the stored half-precision rows).
+TEST(GroupedKivi, ResidualDtypeRoundsResidualAndSinksOnly) {
+  std::mt19937 rng(9);
+  const int64_t H = 2, D = 16, cap = 120, sink = 3, G = 8, R = 16, T = 100;
+  auto x = randn(size_t(T * H * D), rng);
+  for (DType dt : {DType::F16, DType::BF16}) {
+    std::vector<float> xr(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      xr[i] = dt == DType::F16 ? f16_to_f32(f32_to_f16(x[i])) : bf16_to_f32(f32_to_bf16(x[i]));
+    for (Axis ax : {Axis::PerChannel, Axis::PerToken}) {
+      GroupedKiviStore half(ax, kivi::kInt4Range, H, cap, D, sink, G, R, dt);
+      GroupedKiviStore full(ax, kivi::kInt4Range, H, cap, D, sink, G, R, DType::F32);
+      half.append(x.data(), T);
+      full.append(xr.data(), T);
+      EXPECT_EQ(half.payload_bytes() + (half.n_sink() + half.n_resid()) * H * D * 2, full.payload_bytes());
+      for (int64_t h = 0; h < H; ++h) {
+        std::vector<float> a(size_t(T * D)), b(a.size());
+        half.read(h, a.data());
+        full.read(h, b.data());
+        EXPECT_EQ(a, b) << "head " << h;
+        // Sinks and residual are the rounded input.
+        for (int64_t t = 0; t < T; ++t) {
+          if (t >= sink && t < sink + half.n_quant()) continue;
+          for (int64_t c = 0; c < D; ++c) ASSERT_EQ(a[size_t(t * D + c)], xr[size_t((t * H + h) * D + c)]);
+        }
+      }
+    }
+  }
+}
+
+// NaN trap: values past fp16's range are saturated when stored (fp16 inf would
+// make q.k and p.v inf/NaN); the attention output stays finite.
+TEST(GroupedKivi, ResidualDtypeFp16SaturatesInsteadOfInf) {
+  KVCacheShape s;
+  s.n_layers = 1;
+  s.n_heads = 1;
+  s.n_kv_heads = 1;
+  s.head_dim = 8;
+  s.capacity = 64;
+  CacheSpec o;
+  o.storage = KVStorage::Int4;
+  o.kivi_group = 4;
+  o.kivi_residual = 4;
+  o.residual_dtype = KVStorage::F16;
+  auto cache = make_cache(s, o);
+  std::vector<float> k(8 * 10, 1e6f), v(8 * 10, -1e6f), q(8, 1e-3f), out(8);
+  for (int64_t t = 0; t < 10; ++t) {
+    cache->append(0, k.data() + t * 8, v.data() + t * 8, 1);
+    cache->attend(0, q.data(), 1, out.data());
+    cache->advance(1);
+    for (float y : out) ASSERT_TRUE(std::isfinite(y)) << "step " << t;
+  }
+  const auto rk = dynamic_cast<StorageKVCache&>(*cache).read_keys(0, 0);
+  EXPECT_EQ(rk.back(), 65504.f);
 }
 
 // The grouped store rejects evictions that do not start after the sinks
