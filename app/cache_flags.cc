@@ -42,9 +42,9 @@ std::string flag_message(const CacheSpecError& e) { return e.issue().message(cac
 void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
   add_spec_flag(cmd, o, "quantize_k",
                 "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2",
-                "fp32|fp16|bf16|int8|int4|int2");
+                "fp32|fp16|bf16|int8|int4|int3|int2");
   add_spec_flag(cmd, o, "quantize_v", "Storage of V only (overrides --kv-quantize for values)",
-                "fp32|fp16|bf16|int8|int4|int2");
+                "fp32|fp16|bf16|int8|int4|int3|int2");
   add_spec_flag(cmd, o, "kivi_group",
                 "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over "
                 "all stored tokens, re-quantised on append)",
@@ -59,9 +59,9 @@ void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
 
 void add_cache_flags(CLI::App* cmd, CacheSpec& o) {
   add_spec_flag(cmd, o, "quantize",
-                "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int2 (int8/int4/int2 = KIVI: K "
+                "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int3, int2 (int8/int4/int3/int2 = KIVI: K "
                 "per-channel, V per-token)",
-                "fp32|fp16|bf16|int8|int4|int2");
+                "fp32|fp16|bf16|int8|int4|int3|int2");
   add_kivi_flags(cmd, o);
   add_spec_flag(cmd, o, "sink",
                 "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window",
@@ -77,7 +77,7 @@ void add_cache_flags(CLI::App* cmd, CacheSpec& o) {
 }
 void add_sweep_flags(CLI::App* cmd, eval::SweepFlags& f, const std::string& kv_quantize_default) {
   cmd->add_option("--kv-quantize", f.kv_quantize,
-                  "K/V storage, a comma list: fp32, fp16, bf16, int8, int4, int2 (default " + kv_quantize_default +
+                  "K/V storage, a comma list: fp32, fp16, bf16, int8, int4, int3, int2 (default " + kv_quantize_default +
                       "; int8/int4/int2 = KIVI)");
   cmd->add_option("--kv-quantize-k", f.kv_quantize_k,
                   "Storage of K only (overrides --kv-quantize for keys); a comma list, paired with --kv-quantize-v");

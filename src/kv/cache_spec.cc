@@ -17,6 +17,7 @@ std::string_view storage_name(KVStorage s) {
     case KVStorage::BF16: return "bf16";
     case KVStorage::Int8: return "int8";
     case KVStorage::Int4: return "int4";
+    case KVStorage::Int3: return "int3";
     case KVStorage::Int2: return "int2";
   }
   return "?";
@@ -36,7 +37,7 @@ CacheSpecError::CacheSpecError(SpecIssue issue)
 
 namespace {
 
-constexpr const char* kStorages = "one of fp32, fp16, bf16, int8, int4, int2";
+constexpr const char* kStorages = "one of fp32, fp16, bf16, int8, int4, int3, int2";
 
 std::optional<KVStorage> storage_from(std::string_view s) {
   for (KVStorage k : kAllStorages)

@@ -5,7 +5,7 @@
 //
 // Fields and their JSON names (the same names in sample --json, the sweeps,
 // bench, cache-table and the server's "kv_cache" object):
-//   quantize       K and V storage: fp32 fp16 bf16 int8 int4 int2 (int* = KIVI)
+//   quantize       K and V storage: fp32 fp16 bf16 int8 int4 int3 int2 (int* = KIVI)
 //   quantize_k/_v  override quantize for K / V only
 //   sink, window   StreamingLLM: keep the first `sink` and the last `window`
 //                  tokens; window 0 = unbounded (everywhere), and then sink must be 0
@@ -31,13 +31,16 @@
 
 namespace ptllm {
 
-enum class KVStorage { F32, F16, BF16, Int8, Int4, Int2 };
+enum class KVStorage { F32, F16, BF16, Int8, Int4, Int3, Int2 };
 enum class RopeMode { Absolute, Reposition };
 inline constexpr KVStorage kAllStorages[] = {KVStorage::F32,  KVStorage::F16,  KVStorage::BF16,
-                                              KVStorage::Int8, KVStorage::Int4, KVStorage::Int2};
-std::string_view storage_name(KVStorage s);  // "fp32", "fp16", "bf16", "int8", "int4", "int2"
-// int8 / int4 / int2: KIVI codes + fp16 scales (the others are plain casts).
-inline bool is_quantised(KVStorage s) { return s == KVStorage::Int8 || s == KVStorage::Int4 || s == KVStorage::Int2; }
+                                              KVStorage::Int8, KVStorage::Int4, KVStorage::Int3,
+                                              KVStorage::Int2};
+std::string_view storage_name(KVStorage s);  // "fp32", "fp16", "bf16", "int8", "int4", "int3", "int2"
+// int8 / int4 / int3 / int2: KIVI codes + fp16 scales (the others are plain casts).
+inline bool is_quantised(KVStorage s) {
+  return s == KVStorage::Int8 || s == KVStorage::Int4 || s == KVStorage::Int3 || s == KVStorage::Int2;
+}
 std::string_view rope_mode_name(RopeMode m);
 
 // What is wrong with one field of a spec: the JSON field name, the offending

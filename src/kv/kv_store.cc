@@ -126,7 +126,10 @@ class PlainStore : public KVStore {
 };
 
 kivi::QuantRange range_of(KVStorage s) {
-  return s == KVStorage::Int8 ? kivi::kInt8Range : s == KVStorage::Int4 ? kivi::kInt4Range : kivi::kInt2Range;
+  return s == KVStorage::Int8   ? kivi::kInt8Range
+         : s == KVStorage::Int4 ? kivi::kInt4Range
+         : s == KVStorage::Int3 ? kivi::kInt3Range
+                                : kivi::kInt2Range;
 }
 
 }  // namespace
@@ -151,6 +154,7 @@ std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t 
       return std::make_unique<PlainStore<uint16_t, DType::BF16>>(n_heads, capacity, head_dim, sink);
     case KVStorage::Int8:
     case KVStorage::Int4:
+    case KVStorage::Int3:
     case KVStorage::Int2: return std::make_unique<KiviValueStore>(range_of(s), n_heads, capacity, head_dim);
   }
   fail("KV store: unknown storage");

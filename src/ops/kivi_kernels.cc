@@ -1,5 +1,5 @@
 // Fused KIVI attention kernels (kivi_kernels.h): q·k and p·v straight from
-// the packed int8/int4/int2 codes and their fp16 parameters. Scalar
+// the packed int8/int4/int3/int2 codes and their fp16 parameters. Scalar
 // references, AVX2 and AVX-512 variants, chosen by pick() (dispatch.h).
 #include "ops/kivi_kernels.h"
 
@@ -124,6 +124,19 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m128i codes16(const 
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * b));
     const __m128i m = _mm_set1_epi8(0x0f);
     return _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+  } else if constexpr (BITS == 3) {
+    // Bits 3i..3i+2 of the row: 16 codes are the 48 bits at byte 6b, two
+    // 24-bit words of eight codes. Each word is broadcast to eight 32-bit
+    // lanes, shifted by 0, 3, ..., 21 and masked, then the 16 lanes are
+    // narrowed to bytes (packus keeps 128-bit lanes: permute restores order).
+    uint64_t w = 0;
+    std::memcpy(&w, row + 6 * b, 6);
+    const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21), m = _mm256_set1_epi32(7);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w & 0xffffff)), sh), m);
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int((w >> 24) & 0xffffff)), sh), m);
+    // packus_epi32: [lo0-3 hi0-3 | lo4-7 hi4-7] as 16-bit; 0xD8 -> [lo0-7 | hi0-7].
+    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+    return _mm_packus_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
   } else {
     // Byte j: element 4j+k in bits 2k..2k+1.
     uint32_t w;
@@ -298,10 +311,20 @@ ValueRunFn pick_value_bits(int64_t hd) {
 }
 // Null: the scalar reference.
 KeyRunFn pick_key(kivi::QuantRange r, int64_t half) {
-  return r.bits == 8 ? pick_key_bits<8>(half) : r.bits == 4 ? pick_key_bits<4>(half) : pick_key_bits<2>(half);
+  switch (r.bits) {
+    case 8: return pick_key_bits<8>(half);
+    case 4: return pick_key_bits<4>(half);
+    case 3: return pick_key_bits<3>(half);
+    default: return pick_key_bits<2>(half);
+  }
 }
 ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) {
-  return r.bits == 8 ? pick_value_bits<8>(hd) : r.bits == 4 ? pick_value_bits<4>(hd) : pick_value_bits<2>(hd);
+  switch (r.bits) {
+    case 8: return pick_value_bits<8>(hd);
+    case 4: return pick_value_bits<4>(hd);
+    case 3: return pick_value_bits<3>(hd);
+    default: return pick_value_bits<2>(hd);
+  }
 }
 
 }  // namespace

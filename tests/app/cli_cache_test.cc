@@ -36,7 +36,7 @@ TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
   expect_error("--streaming-llm-window x", "--streaming-llm-window: got x, expected an integer >= 0 (0 = unbounded)");
   expect_error("--streaming-llm-rope relative", "--streaming-llm-rope: got relative");
   // Grouped KIVI, int2 and asymmetric K/V flags.
-  expect_error("--kv-quantize INT2", "--kv-quantize: got INT2, expected one of fp32, fp16, bf16, int8, int4, int2");
+  expect_error("--kv-quantize INT2", "--kv-quantize: got INT2, expected one of fp32, fp16, bf16, int8, int4, int3, int2");
   expect_error("--kv-quantize-k int3", "--kv-quantize-k: got int3, expected one of");
   expect_error("--kv-quantize-v 2bit", "--kv-quantize-v: got 2bit, expected one of");
   expect_error("--kivi-group -1", "--kivi-group: got -1");

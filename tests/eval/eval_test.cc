@@ -386,7 +386,7 @@ TEST(Sweep, BadKiviValuesNameTheFlag) {
   EXPECT_EQ(sweep_error(f), "--kivi-residual 128: expected a multiple of --kivi-group 3");
   f = {};
   f.kv_quantize_k = "int5";
-  EXPECT_EQ(sweep_error(f), "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2");
+  EXPECT_EQ(sweep_error(f), "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int3, int2");
   f = {};
   f.kv_quantize_v = "int4,";
   EXPECT_NE(sweep_error(f).find("--kv-quantize-v \"int4,\": expected no empty entry"), std::string::npos) << sweep_error(f);
@@ -479,7 +479,7 @@ TEST(Cli, EvalKiviFlagsRejectBadValuesWithOneLine) {
     for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
              {" --kv-quantize int4 --kivi-group 3 --kivi-residual 128",
               "--kivi-residual 128: expected a multiple of --kivi-group 3"},
-             {" --kv-quantize-k int5", "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2"},
+             {" --kv-quantize-k int5", "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int3, int2"},
              {" --kv-quantize-v int4,bf8", "--kv-quantize-v bf8: expected one of"},
              {" --kivi-group 0,x", "--kivi-group \"0,x\": expected a comma-separated list of integers >= 0"},
              {" --kivi-group 16,32,64 --kivi-residual 64,128",

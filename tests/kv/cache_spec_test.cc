@@ -57,7 +57,7 @@ TEST(CacheSpec, SetReportsFieldValueAndExpected) {
     ASSERT_TRUE(i) << bad;
     EXPECT_EQ(i->field, "quantize_v");
     EXPECT_EQ(i->value, bad);
-    EXPECT_EQ(i->expected, "one of fp32, fp16, bf16, int8, int4, int2");
+    EXPECT_EQ(i->expected, "one of fp32, fp16, bf16, int8, int4, int3, int2");
   }
   auto i = s.set("window", "-2");
   ASSERT_TRUE(i);

@@ -18,7 +18,7 @@ namespace ptllm {
 namespace {
 
 using Axis = GroupedKiviStore::Axis;
-constexpr kivi::QuantRange kRanges[] = {kivi::kInt8Range, kivi::kInt4Range, kivi::kInt2Range};
+constexpr kivi::QuantRange kRanges[] = {kivi::kInt8Range, kivi::kInt4Range, kivi::kInt3Range, kivi::kInt2Range};
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
   std::normal_distribution<float> d(0.f, sd);
@@ -55,6 +55,39 @@ TEST(Int2, PackingRoundTrip) {
   uint8_t b = 0;
   kivi::pack_row(u, 4, kivi::kInt2Range, &b);
   EXPECT_EQ(b, uint8_t(1 | (2 << 2) | (3 << 4)));
+}
+
+// int3: eight codes per three bytes, element i in bits 3i..3i+2 of the row's
+// little-endian bit stream; any length, set_code touches only its own bits.
+TEST(Int3, PackingRoundTrip) {
+  std::mt19937 rng(2);
+  const kivi::QuantRange r = kivi::kInt3Range;
+  for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 64, 256}) {
+    std::vector<uint8_t> u(static_cast<size_t>(n));
+    for (auto& x : u) x = uint8_t(rng() % 8);
+    std::vector<uint8_t> packed(kivi::row_bytes(n, r), 0xff);
+    ASSERT_EQ(packed.size(), size_t((3 * n + 7) / 8));
+    kivi::pack_row(u.data(), n, r, packed.data());
+    uint8_t tmp[512];
+    const uint8_t* back = kivi::unpack_row(packed.data(), n, r, tmp);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(kivi::code_at(packed.data(), i, r), u[size_t(i)]) << n << " " << i;
+      ASSERT_EQ(back[i], u[size_t(i)]) << n << " " << i;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t nu = uint8_t((u[size_t(i)] + 3) % 8);
+      kivi::set_code(packed.data(), i, nu, r);
+      u[size_t(i)] = nu;
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(kivi::code_at(packed.data(), j, r), u[size_t(j)]) << n << " " << i;
+    }
+  }
+  // Codes 0..7 in order: the 24-bit word is sum_k k << 3k = 0xFAC688.
+  const uint8_t u[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  uint8_t b[3] = {};
+  kivi::pack_row(u, 8, r, b);
+  EXPECT_EQ(b[0], 0x88);
+  EXPECT_EQ(b[1], 0xC6);
+  EXPECT_EQ(b[2], 0xFA);
 }
 
 // Round trip of a grouped K store: every quantised element within scale/2 of
@@ -231,6 +264,9 @@ TEST(GroupedKivi, FusedAttentionEqualsDequantiseThenAttend) {
       {KVStorage::Int4, KVStorage::Int4, 4, 29, 0, RopeMode::Reposition},
       {KVStorage::Int2, KVStorage::Int2, 4, 29, 0, RopeMode::Absolute},
       {KVStorage::Int4, KVStorage::Int2, 2, 40, 0, RopeMode::Reposition},
+      {KVStorage::Int3, KVStorage::Int3, 4, 29, 0, RopeMode::Reposition},
+      {KVStorage::Int3, KVStorage::Int3, 0, 0, 0, RopeMode::Absolute},
+      {KVStorage::Int3, KVStorage::Int8, 2, 40, 0, RopeMode::Absolute},
       {KVStorage::F32, KVStorage::Int4, 2, 40, 0, RopeMode::Absolute},
       {KVStorage::Int8, KVStorage::F16, 0, 0, 0, RopeMode::Absolute},
       {KVStorage::Int4, KVStorage::Int4, 0, 0, 23, RopeMode::Reposition},

@@ -37,19 +37,25 @@ std::vector<ops::SimdLevel> levels() {
 }
 
 // Packs codes as kivi_format.h states: int4 element 2j in the low nibble of
-// byte j, int2 element 4j+k in bits 2k..2k+1.
+// byte j, int2 element 4j+k in bits 2k..2k+1, int3 element i in bits
+// 3i..3i+2 of the row read as one little-endian bit stream (bit by bit here).
 void pack(const uint8_t* u, int64_t n, int bits, uint8_t* dst) {
   const size_t nb = kivi::row_bytes(n, QuantRange{0, 0, bits});
   for (size_t j = 0; j < nb; ++j) dst[j] = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (bits == 8) dst[i] = u[i];
     else if (bits == 4) dst[i / 2] = uint8_t(dst[i / 2] | (u[i] << (4 * (i & 1))));
+    else if (bits == 3)
+      for (int k = 0; k < 3; ++k) {
+        const int64_t bit = 3 * i + k;
+        if ((u[i] >> k) & 1) dst[bit / 8] = uint8_t(dst[bit / 8] | (1 << (bit % 8)));
+      }
     else dst[i / 4] = uint8_t(dst[i / 4] | (u[i] << (2 * (i & 3))));
   }
 }
 
 QuantRange range_of(int bits) {
-  return bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : kivi::kInt2Range;
+  return bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : bits == 3 ? kivi::kInt3Range : kivi::kInt2Range;
 }
 
 // cap code rows of `hd` random codes, the unpacked codes kept for the reference.
@@ -125,7 +131,7 @@ const int64_t kHeadDims[] = {16, 24, 32, 64, 128, 256};
 
 TEST(KiviKernels, KeyScoresMatchDequantisedRotatedDotAtEveryLevel) {
   LevelGuard guard;
-  for (int bits : {8, 4, 2})
+  for (int bits : {8, 4, 3, 2})
     for (int64_t hd : kHeadDims) {
       const int64_t cap = 40, start = 29, t0 = 5, n = 17;  // tokens 5..21 wrap past row 39
       const CodeRing ring(bits, hd, cap, uint64_t(bits * 1000 + hd));
@@ -163,7 +169,7 @@ TEST(KiviKernels, KeyScoresMatchDequantisedRotatedDotAtEveryLevel) {
 
 TEST(KiviKernels, ValueSumMatchesDequantisedSumAtEveryLevel) {
   LevelGuard guard;
-  for (int bits : {8, 4, 2})
+  for (int bits : {8, 4, 3, 2})
     for (int64_t hd : kHeadDims) {
       const int64_t cap = 37, start = 30, t0 = 2, n = 21;
       const CodeRing ring(bits, hd, cap, uint64_t(bits * 77 + hd));

@@ -55,7 +55,7 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
       {R"({"prompt": "a", "kv_cache": "int4"})", "kv_cache"},
       {R"({"prompt": "a", "kv_cache": {"foo": 1}})", "kv_cache.foo"},
-      {R"({"prompt": "a", "kv_cache": {"quantize": "int3"}})", "kv_cache.quantize"},
+      {R"({"prompt": "a", "kv_cache": {"quantize": "int5"}})", "kv_cache.quantize"},
       {R"({"prompt": "a", "kv_cache": {"quantize_k": 4}})", "kv_cache.quantize_k"},
       {R"({"prompt": "a", "kv_cache": {"quantize_v": "q4"}})", "kv_cache.quantize_v"},
       {R"({"prompt": "a", "kv_cache": {"sink": -1, "window": 8}})", "kv_cache.sink"},
