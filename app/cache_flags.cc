@@ -13,7 +13,8 @@ constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
     {"quantize_v", "--kv-quantize-v"},      {"sink", "--streaming-llm-sink"},
     {"window", "--streaming-llm-window"},   {"rope", "--streaming-llm-rope"},
     {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"},
-    {"residual_dtype", "--kivi-residual-dtype"}};
+    {"residual_dtype", "--kivi-residual-dtype"}, {"rotate", "--kv-rotate"},
+    {"k_axis", "--kivi-k-axis"}};
 
 // Adds the flag of `field`; its value goes straight into spec.set, which parses
 // it once. A bad value is a CLI11 error "<flag>: got <value>, expected ...".
@@ -55,6 +56,14 @@ void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
                 "Grouped KIVI: storage of the residual and sink tokens, fp16 (default), bf16 or fp32; widened to fp32 "
                 "for attention",
                 "fp32|fp16|bf16");
+  add_spec_flag(cmd, o, "k_axis",
+                "Grouped KIVI keys: channel (default; per channel in groups of --kivi-group) or token (one scale+zero "
+                "per token)",
+                "channel|token");
+  add_spec_flag(cmd, o, "rotate",
+                "Rotate K (after RoPE), Q and V per KV head by a fixed seeded randomised Hadamard transform before "
+                "storing (scores unchanged; outliers spread before quantising); needs head_dim a power of two",
+                "none|hadamard");
 }
 
 void add_cache_flags(CLI::App* cmd, CacheSpec& o) {

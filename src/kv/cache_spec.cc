@@ -59,7 +59,7 @@ SpecIssue issue_of(std::string_view field, std::string_view value, std::string e
 }  // namespace
 
 CacheSpec::FieldKind CacheSpec::field_kind(std::string_view f) {
-  for (std::string_view t : {"quantize", "quantize_k", "quantize_v", "rope", "residual_dtype"})
+  for (std::string_view t : {"quantize", "quantize_k", "quantize_v", "rope", "residual_dtype", "rotate", "k_axis"})
     if (f == t) return FieldKind::Text;
   for (std::string_view t : {"sink", "window", "kivi_group", "kivi_residual"})
     if (f == t) return FieldKind::Integer;
@@ -81,6 +81,18 @@ std::optional<SpecIssue> CacheSpec::set(std::string_view field, std::string_view
     residual_dtype = *s;
     return std::nullopt;
   }
+  if (field == "rotate") {
+    if (text == "none") rotate = KVRotate::None;
+    else if (text == "hadamard") rotate = KVRotate::Hadamard;
+    else return issue_of(field, text, "none or hadamard");
+    return std::nullopt;
+  }
+  if (field == "k_axis") {
+    if (text == "channel") k_axis = KeyAxis::Channel;
+    else if (text == "token") k_axis = KeyAxis::Token;
+    else return issue_of(field, text, "channel or token");
+    return std::nullopt;
+  }
   if (field == "rope") {
     if (text == "absolute") rope_mode = RopeMode::Absolute;
     else if (text == "reposition") rope_mode = RopeMode::Reposition;
@@ -95,7 +107,7 @@ std::optional<SpecIssue> CacheSpec::set(std::string_view field, std::string_view
   if (!target)
     return issue_of(field, "(unknown field)",
                     "one of quantize, quantize_k, quantize_v, sink, window, rope, kivi_group, kivi_residual, "
-                    "residual_dtype");
+                    "residual_dtype, rotate, k_axis");
   const auto v = int_from(text);
   if (!v || *v < 0)
     return issue_of(field, text, field == "window" ? "an integer >= 0 (0 = unbounded)" : "an integer >= 0");
@@ -138,6 +150,8 @@ CacheSpec CacheSpec::canonical() const {
     c.kivi_residual = d.kivi_residual;
     c.residual_dtype = d.residual_dtype;
   }
+  // Only grouped quantised keys have an axis to choose.
+  if (!(c.grouped() && is_quantised(c.k_storage()))) c.k_axis = d.k_axis;
   return c;
 }
 
@@ -164,6 +178,8 @@ std::string CacheSpec::label(bool show_kivi) const {
   // The residual's storage only when it is not the default (fp16).
   if (grouped() && residual_dtype != CacheSpec{}.residual_dtype)
     s += fmt::format(" res {}", storage_name(residual_dtype));
+  if (grouped() && is_quantised(k_storage()) && k_axis == KeyAxis::Token) s += " K per-token";
+  if (rotate == KVRotate::Hadamard) s += " hadamard";
   if (streaming()) {
     s += sink > 0 ? fmt::format(" · sink {} + window {}", sink, window) : fmt::format(" · window {}", window);
     s += fmt::format(" · {}", rope_mode_name(rope_mode));
@@ -182,9 +198,10 @@ std::vector<std::string> spec_labels(const std::vector<CacheSpec>& specs) {
 namespace {
 std::string kivi_part(KVStorage st, bool key, const CacheSpec& o) {
   if (!is_quantised(st)) return std::string(storage_name(st));
-  std::string s = fmt::format("{} {}", storage_name(st), key ? "per-channel" : "per-token");
+  const bool per_channel = key && !(o.kivi_group > 0 && o.k_axis == KeyAxis::Token);
+  std::string s = fmt::format("{} {}", storage_name(st), per_channel ? "per-channel" : "per-token");
   if (key && o.kivi_group == 0) s += " over all stored tokens (simple scheme)";
-  if (key && o.kivi_group > 0) s += fmt::format(" in groups of {}", o.kivi_group);
+  if (per_channel && o.kivi_group > 0) s += fmt::format(" in groups of {}", o.kivi_group);
   return s;
 }
 }  // namespace
@@ -204,6 +221,7 @@ std::string CacheSpec::describe() const {
                        storage_name(residual_dtype));
     s += ")";
   }
+  if (rotate == KVRotate::Hadamard) s += " · K, Q, V rotated by a seeded randomised Hadamard per KV head";
   if (streaming())
     s += fmt::format(" · StreamingLLM sink {} + window {} (<= {} tokens per layer) · RoPE {}", sink, window,
                      sink + window, rope_mode_name(rope_mode));
@@ -224,6 +242,9 @@ nlohmann::json CacheSpec::to_json() const {
           {"kivi_group", or_null(c.quantised(), c.kivi_group)},
           {"kivi_residual", or_null(c.grouped(), c.kivi_residual)},
           {"residual_dtype", or_null(c.grouped(), storage_name(c.residual_dtype))},
+          {"rotate", c.rotate == KVRotate::Hadamard ? "hadamard" : "none"},
+          {"k_axis", or_null(c.grouped() && is_quantised(c.k_storage()),
+                             c.k_axis == KeyAxis::Token ? "token" : "channel")},
           {"bounded", c.streaming()},
           {"label", c.label()},
           {"description", c.describe()}};

@@ -14,6 +14,10 @@
 //   kivi_residual  KIVI newest R tokens in full precision (a multiple of G)
 //   residual_dtype grouped KIVI: storage of those residual tokens and the
 //                  sinks, fp32 fp16 bf16 (default fp16)
+//   rotate         none or hadamard: a fixed seeded orthogonal rotation per KV
+//                  head of K (after RoPE), Q and V before storing (rotation.h)
+//   k_axis         grouped KIVI keys: channel (per channel in groups, KIVI) or
+//                  token (one scale+zero per token, like V)
 // to_json adds read-only ones: bounded, label, description.
 #pragma once
 #include <cstdint>
@@ -33,6 +37,8 @@ namespace ptllm {
 
 enum class KVStorage { F32, F16, BF16, Int8, Int4, Int3, Int2 };
 enum class RopeMode { Absolute, Reposition };
+enum class KVRotate { None, Hadamard };
+enum class KeyAxis { Channel, Token };
 inline constexpr KVStorage kAllStorages[] = {KVStorage::F32,  KVStorage::F16,  KVStorage::BF16,
                                               KVStorage::Int8, KVStorage::Int4, KVStorage::Int3,
                                               KVStorage::Int2};
@@ -78,6 +84,11 @@ struct CacheSpec {
   // BF16) and widened to fp32 for attention. fp16 halves the biggest part of a
   // short int4 cache at no measurable perplexity cost (docs/CACHE.md).
   KVStorage residual_dtype = KVStorage::F16;
+  // Randomised Hadamard rotation of K (after RoPE), Q and V per KV head; the
+  // attention output is rotated back. Needs head_dim a power of two.
+  KVRotate rotate = KVRotate::None;
+  // Grouped KIVI keys: per channel in groups of kivi_group (KIVI) or per token.
+  KeyAxis k_axis = KeyAxis::Channel;
   int64_t sink = 0;
   int64_t window = 0;  // 0 = unbounded; the window is what bounds the cache
   RopeMode rope_mode = RopeMode::Reposition;

@@ -251,29 +251,51 @@ void GroupedKiviStore::key_scores(int64_t head, const float* staged, const float
   // (at most R + G - 1 + sink), never the quantised groups.
   thread_local std::vector<float> wide;
   if (rdt_ != DType::F32) wide.resize(size_t(std::max(sink_cap_, res_cap_) * hd));
+  // Keys stored after RoPE (kcos == nullptr: rotate hadamard or k_axis token)
+  // are not turned: plain dots for the full-precision rows.
+  const auto full_dots = [&](const float* rows, int64_t b, int64_t n) {
+    if (kcos)
+      ops::dot_rows_rotated(q, rows, n, hd, kcos + b * half, ksin + b * half, scale, scores + b);
+    else
+      ops::dot_rows(q, rows, n, hd, scale, scores + b);
+  };
   // Sinks.
   const int64_t se = std::min(end, ns);
-  if (begin < se)
-    ops::dot_rows_rotated(q, sink_rows(head, begin, se - begin, wide.data()), se - begin, hd, kcos + begin * half,
-                          ksin + begin * half, scale, scores + begin);
+  if (begin < se) full_dots(sink_rows(head, begin, se - begin, wide.data()), begin, se - begin);
   // Quantised groups: scales and zeros folded into the query once per group.
   const int64_t qb = std::max<int64_t>(begin - ns, 0), qe = std::min(end - ns, nq);  // quantised indices
-  if (qb < qe) {
+  if (qb < qe && axis_ == Axis::PerToken) {
+    // Per-token keys (after RoPE): one (scale, zero) per token, like V.
+    ops::kivi_key_scores_tokens(codes(head), qb, qe - qb, params_.data() + head * capacity_, q, scale,
+                                scores + ns + qb);
+  } else if (qb < qe) {
     const ops::KiviCodes kc = codes(head);
+    // Keys after RoPE in per-channel groups: the RoPE kernel with cos 1, sin 0
+    // (an identity table of kChunk rows, reused chunk by chunk).
+    constexpr int64_t kChunk = 64;
+    thread_local std::vector<float> one, zero;
+    if (!kcos && one.empty()) {
+      one.assign(size_t(kChunk * (kMaxHeadDim / 2)), 1.f);
+      zero.assign(one.size(), 0.f);
+    }
     int64_t g0 = 0;  // first token of group g
     for (size_t g = 0; g < group_len_.size() && g0 < qe; g0 += group_len_[g], ++g) {
       const int64_t a = std::max(g0, qb), b = std::min(g0 + group_len_[g], qe);
       if (a >= b) continue;
       const int64_t slot = ns + a;
-      ops::kivi_key_scores(kc, a, b - a, group_params(head, int64_t(g)), q, scale, kcos + slot * half,
-                           ksin + slot * half, scores + slot);
+      if (kcos) {
+        ops::kivi_key_scores(kc, a, b - a, group_params(head, int64_t(g)), q, scale, kcos + slot * half,
+                             ksin + slot * half, scores + slot);
+      } else {
+        for (int64_t c = a; c < b; c += kChunk)
+          ops::kivi_key_scores(kc, c, std::min(kChunk, b - c), group_params(head, int64_t(g)), q, scale, one.data(),
+                               zero.data(), scores + ns + c);
+      }
     }
   }
   // Residual.
   const int64_t rb = std::max(begin, ns + nq);
-  if (rb < end)
-    ops::dot_rows_rotated(q, resid_rows(head, rb - ns - nq, end - rb, wide.data()), end - rb, hd, kcos + rb * half,
-                          ksin + rb * half, scale, scores + rb);
+  if (rb < end) full_dots(resid_rows(head, rb - ns - nq, end - rb, wide.data()), rb, end - rb);
 }
 
 void GroupedKiviStore::value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const {

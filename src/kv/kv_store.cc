@@ -171,7 +171,8 @@ std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, 
   const KVStorage s = key ? o.k_storage() : o.v_storage();
   if (is_quantised(s) && o.kivi_group > 0)
     return std::make_unique<GroupedKiviStore>(
-        key ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken, range_of(s), n_heads, capacity,
+        key && o.k_axis == KeyAxis::Channel ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken,
+        range_of(s), n_heads, capacity,
         head_dim, sink, o.kivi_group, o.kivi_residual,
         o.residual_dtype == KVStorage::F32 ? DType::F32 : o.residual_dtype == KVStorage::BF16 ? DType::BF16 : DType::F16);
   return key ? make_key_store(s, n_heads, capacity, head_dim, sink)

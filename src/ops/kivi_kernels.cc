@@ -113,6 +113,20 @@ void value_run_scalar(const TokenRun& run, kivi::QuantRange r, int64_t hd, const
   }
 }
 
+// K per token: scores[j] = scale * (s_t * q.u_t + z_t * sum q).
+void key_tok_run_scalar(const TokenRun& run, kivi::QuantRange r, int64_t hd, const kivi::AffineParams* params,
+                        const float* q, float qsum, float scale, float* scores) {
+  uint8_t tmp[kMaxHeadDim];
+  for (int64_t j = 0; j < run.n; ++j) {
+    const int64_t row = run.ring.phys(run.t0 + j);
+    const kivi::WideParams w = kivi::widen(params[row]);
+    const uint8_t* u = kivi::unpack_row(run.base + size_t(row) * run.row, hd, r, tmp);
+    float acc = 0.f;
+    for (int64_t i = 0; i < hd; ++i) acc += q[i] * float(u[i]);
+    scores[j] = scale * (w.scale * acc + w.zero * qsum);
+  }
+}
+
 // ---- SIMD: 16 codes of a row as bytes, elements [16 b, 16 b + 16) ----
 
 template <int BITS>
@@ -211,6 +225,24 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_run_avx512(const Tok
   bias = b_acc;
 }
 
+template <int BITS, int NB>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void key_tok_run_avx512(const TokenRun& run,
+                                                                    const kivi::AffineParams* params, const float* q,
+                                                                    float qsum, float scale, float* scores) {
+  __m512 qv[NB];
+  for (int b = 0; b < NB; ++b) qv[b] = _mm512_loadu_ps(q + 16 * b);
+  const int64_t cap = run.ring.cap;
+  int64_t pr = run.ring.phys(run.t0);
+  for (int64_t j = 0; j < run.n; ++j, pr = pr + 1 == cap ? 0 : pr + 1) {
+    const uint8_t* row = run.base + size_t(pr) * run.row;
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < NB; ++b)
+      acc = _mm512_fmadd_ps(qv[b], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes16<BITS>(row, b))), acc);
+    const float ws = _cvtsh_ss(params[pr].scale.bits()), wz = _cvtsh_ss(params[pr].zero.bits());
+    scores[j] = scale * (ws * _mm512_reduce_add_ps(acc) + wz * qsum);
+  }
+}
+
 // ---- AVX2: the same 16-code blocks as two 8-lane halves ----
 
 __attribute__((target("avx2,fma"), always_inline)) inline void widen16(__m128i x, __m256& lo, __m256& hi) {
@@ -274,10 +306,31 @@ __attribute__((target("avx2,fma,f16c"))) void value_run_avx2(const TokenRun& run
   for (int b = 0; b < 2 * NB; ++b) _mm256_storeu_ps(acc_out + 8 * b, acc[b]);
   bias = b_acc;
 }
+template <int BITS, int NB>
+__attribute__((target("avx2,fma,f16c"))) void key_tok_run_avx2(const TokenRun& run, const kivi::AffineParams* params,
+                                                         const float* q, float qsum, float scale, float* scores) {
+  const int64_t cap = run.ring.cap;
+  int64_t pr = run.ring.phys(run.t0);
+  for (int64_t j = 0; j < run.n; ++j, pr = pr + 1 == cap ? 0 : pr + 1) {
+    const uint8_t* row = run.base + size_t(pr) * run.row;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < NB; ++b) {
+      __m256 u[2];
+      widen16(codes16<BITS>(row, b), u[0], u[1]);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * b), u[0], acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * b + 8), u[1], acc);
+    }
+    const float ws = _cvtsh_ss(params[pr].scale.bits()), wz = _cvtsh_ss(params[pr].zero.bits());
+    scores[j] = scale * (ws * hsum8(acc) + wz * qsum);
+  }
+}
+
 // ---- dispatch: the variant for (bits, head_dim) at the current level ----
 
 using KeyRunFn = void (*)(const TokenRun&, const KeyCoef&, const float*, const float*, float*);
 using ValueRunFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float*, float&);
+
+using KeyTokFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float, float, float*);
 
 // Null when there is no variant of that ISA for this size.
 template <int BITS, bool A512>
@@ -299,6 +352,29 @@ ValueRunFn value_variant(int64_t hd) {
     case 128: return A512 ? value_run_avx512<BITS, 8> : value_run_avx2<BITS, 8>;
     case 256: return A512 ? value_run_avx512<BITS, 16> : value_run_avx2<BITS, 16>;
     default: return nullptr;
+  }
+}
+template <int BITS, bool A512>
+KeyTokFn key_tok_variant(int64_t hd) {
+  switch (hd) {
+    case 16: return A512 ? key_tok_run_avx512<BITS, 1> : key_tok_run_avx2<BITS, 1>;
+    case 32: return A512 ? key_tok_run_avx512<BITS, 2> : key_tok_run_avx2<BITS, 2>;
+    case 64: return A512 ? key_tok_run_avx512<BITS, 4> : key_tok_run_avx2<BITS, 4>;
+    case 128: return A512 ? key_tok_run_avx512<BITS, 8> : key_tok_run_avx2<BITS, 8>;
+    case 256: return A512 ? key_tok_run_avx512<BITS, 16> : key_tok_run_avx2<BITS, 16>;
+    default: return nullptr;
+  }
+}
+template <int BITS>
+KeyTokFn pick_key_tok_bits(int64_t hd) {
+  return pick<KeyTokFn>(nullptr, key_tok_variant<BITS, false>(hd), key_tok_variant<BITS, true>(hd));
+}
+KeyTokFn pick_key_tok(kivi::QuantRange r, int64_t hd) {
+  switch (r.bits) {
+    case 8: return pick_key_tok_bits<8>(hd);
+    case 4: return pick_key_tok_bits<4>(hd);
+    case 3: return pick_key_tok_bits<3>(hd);
+    default: return pick_key_tok_bits<2>(hd);
   }
 }
 template <int BITS>
@@ -344,6 +420,19 @@ void kivi_key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::Affi
     simd(run, coef, kcos, ksin, scores);
   else
     key_run_scalar(run, k.range, hd, coef, kcos, ksin, scores);
+}
+
+void kivi_key_scores_tokens(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params,
+                            const float* q, float scale, float* scores) {
+  if (n <= 0) return;
+  const int64_t hd = k.head_dim;
+  float qsum = 0.f;
+  for (int64_t i = 0; i < hd; ++i) qsum += q[i];
+  const TokenRun run{k.base, k.row_bytes, {k.cap, k.start}, t0, n};
+  if (const KeyTokFn simd = pick_key_tok(k.range, hd))
+    simd(run, params, q, qsum, scale, scores);
+  else
+    key_tok_run_scalar(run, k.range, hd, params, q, qsum, scale, scores);
 }
 
 void kivi_value_sum(const KiviCodes& v, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* p,

@@ -37,6 +37,10 @@ TEST(CacheSpec, SetParsesEveryField) {
   EXPECT_FALSE(s.set("kivi_group", "16"));
   EXPECT_FALSE(s.set("kivi_residual", "64"));
   EXPECT_FALSE(s.set("residual_dtype", "bf16"));
+  EXPECT_FALSE(s.set("rotate", "hadamard"));
+  EXPECT_FALSE(s.set("k_axis", "token"));
+  EXPECT_EQ(s.rotate, KVRotate::Hadamard);
+  EXPECT_EQ(s.k_axis, KeyAxis::Token);
   EXPECT_EQ(s.storage, KVStorage::Int4);
   EXPECT_EQ(s.residual_dtype, KVStorage::BF16);
   EXPECT_EQ(s.k_storage(), KVStorage::Int8);
@@ -68,6 +72,12 @@ TEST(CacheSpec, SetReportsFieldValueAndExpected) {
   ASSERT_TRUE(i);
   EXPECT_EQ(i->field, "residual_dtype");
   EXPECT_EQ(i->expected, "one of fp32, fp16, bf16");
+  i = s.set("rotate", "quarot");
+  ASSERT_TRUE(i);
+  EXPECT_EQ(i->expected, "none or hadamard");
+  i = s.set("k_axis", "row");
+  ASSERT_TRUE(i);
+  EXPECT_EQ(i->expected, "channel or token");
   i = s.set("windw", "3");
   ASSERT_TRUE(i);
   EXPECT_EQ(i->value, "(unknown field)");
@@ -161,7 +171,7 @@ TEST(CacheSpec, JsonHasEveryFieldAndRoundTrips) {
   kv.value_storage = KVStorage::Int2;
   const nlohmann::json j = kv.to_json();
   for (const char* f : {"quantize", "quantize_k", "quantize_v", "sink", "window", "rope", "kivi_group",
-                        "kivi_residual", "residual_dtype", "bounded", "label", "description"})
+                        "kivi_residual", "residual_dtype", "rotate", "k_axis", "bounded", "label", "description"})
     EXPECT_TRUE(j.contains(f)) << f;
   EXPECT_EQ(j["residual_dtype"], "fp16");  // the default
   EXPECT_EQ(j["quantize"], "int8");
@@ -198,6 +208,22 @@ TEST(CacheSpec, JsonHasEveryFieldAndRoundTrips) {
     // A non-default residual shows in the label, and json carries it.
     EXPECT_NE(r.label().find(std::string("res ") + std::string(storage_name(rd))), std::string::npos) << r.label();
     EXPECT_EQ(r.to_json()["residual_dtype"], storage_name(rd));
+  }
+  {
+    CacheSpec t = spec(KVStorage::Int4, 4, 60);
+    t.k_axis = KeyAxis::Token;
+    t.rotate = KVRotate::Hadamard;
+    all.push_back(t);
+    EXPECT_EQ(t.to_json()["k_axis"], "token");
+    EXPECT_EQ(t.to_json()["rotate"], "hadamard");
+    EXPECT_NE(t.label().find("K per-token hadamard"), std::string::npos) << t.label();
+    EXPECT_NE(t.describe().find("K int4 per-token"), std::string::npos) << t.describe();
+    // Only grouped quantised keys have an axis: fp32 K (V int4) drops it.
+    CacheSpec f = t;
+    f.key_storage = KVStorage::F32;
+    EXPECT_EQ(f.canonical().k_axis, KeyAxis::Channel);
+    EXPECT_TRUE(f.to_json()["k_axis"].is_null());
+    EXPECT_EQ(f.to_json()["rotate"], "hadamard");  // rotation applies to every storage
   }
   for (const CacheSpec& s : all) EXPECT_EQ(CacheSpec::from_json(s.to_json()), s.canonical()) << s.to_json().dump();
 }

@@ -116,6 +116,8 @@ struct Tol {
   double rel;
   double top1;
   int64_t group = 0, residual = 0;
+  KVRotate rotate = KVRotate::None;
+  KeyAxis axis = KeyAxis::Channel;
 };
 constexpr Tol kTolerances[] = {
     {KVStorage::F16, 0.01, 0.98},
@@ -126,6 +128,11 @@ constexpr Tol kTolerances[] = {
     {KVStorage::Int4, 0.40, 0.70, 8, 16},
     {KVStorage::Int3, 0.20, 0.95, 8, 16},  // measured 0.052 / 0.984
     {KVStorage::Int2, 0.40, 0.90, 8, 16},
+    // rotate hadamard: fp32 storage equals the unrotated cache within fp32
+    // rounding (1e-5 relative); int4 rotated per channel / per token.
+    {KVStorage::F32, 1e-5, 1.0, 0, 0, KVRotate::Hadamard},
+    {KVStorage::Int4, 0.20, 0.95, 8, 16, KVRotate::Hadamard},
+    {KVStorage::Int4, 0.20, 0.95, 8, 16, KVRotate::Hadamard, KeyAxis::Token},
 };
 
 TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
@@ -140,8 +147,10 @@ TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
     double worst = 0;
     int agree = 0, steps = 0;
     for (size_t k = 0; k < refs.size(); ++k) {
-      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())),
-                          opts(tol.s, 0, 0, RopeMode::Reposition, tol.group, tol.residual));
+      CacheSpec o = opts(tol.s, 0, 0, RopeMode::Reposition, tol.group, tol.residual);
+      o.rotate = tol.rotate;
+      o.k_axis = tol.axis;
+      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())), o);
       auto got = forced_logits(m, *c, refs[k]);
       for (size_t s = 0; s < got.size(); ++s) {
         float mx = 0, diff = 0;
@@ -156,8 +165,10 @@ TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
       }
     }
     const double rate = double(agree) / steps;
-    std::printf("%s G %d R %d: worst max|dlogit|/max|logit| = %.5f, top-1 agreement %.3f (%d steps)\n",
-                std::string(storage_name(tol.s)).c_str(), int(tol.group), int(tol.residual), worst, rate, steps);
+    std::printf("%s G %d R %d%s%s: worst max|dlogit|/max|logit| = %.6f, top-1 agreement %.3f (%d steps)\n",
+                std::string(storage_name(tol.s)).c_str(), int(tol.group), int(tol.residual),
+                tol.rotate == KVRotate::Hadamard ? " hadamard" : "", tol.axis == KeyAxis::Token ? " K per-token" : "",
+                worst, rate, steps);
     EXPECT_LE(worst, tol.rel) << storage_name(tol.s);
     EXPECT_GE(rate, tol.top1) << storage_name(tol.s);
   }

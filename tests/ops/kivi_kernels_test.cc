@@ -208,6 +208,41 @@ TEST(KiviKernels, ValueSumMatchesDequantisedSumAtEveryLevel) {
     }
 }
 
+// Per-token keys (k_axis token, stored after RoPE, no turning):
+// scores[j] = scale * q . (s_t u_t + z_t) against a double-precision
+// dequantise-then-dot, at every level, in a ring that wraps; tolerance 1e-5 of
+// the sum of |terms| (fp32 accumulation order differs between levels).
+TEST(KiviKernels, PerTokenKeyScoresMatchDequantisedDotAtEveryLevel) {
+  LevelGuard guard;
+  for (int bits : {8, 4, 3, 2})
+    for (int64_t hd : kHeadDims) {
+      const int64_t cap = 41, start = 33, t0 = 3, n = 25;
+      const CodeRing ring(bits, hd, cap, uint64_t(bits * 91 + hd));
+      const auto params = random_params(size_t(cap), uint64_t(hd) + 17);
+      const auto q = uniform(size_t(hd), 21);
+      const double scale = 0.125;
+      std::vector<double> ref(static_cast<size_t>(n)), mag(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t row = (start + t0 + j) % cap;
+        const double sc = params[size_t(row)].scale.widen(), z = params[size_t(row)].zero.widen();
+        for (int64_t i = 0; i < hd; ++i) {
+          const double k = double(ring.u[size_t(row * hd + i)]) * sc + z;
+          ref[size_t(j)] += scale * q[size_t(i)] * k;
+          mag[size_t(j)] += scale * std::fabs(q[size_t(i)]) * (std::fabs(double(ring.u[size_t(row * hd + i)]) * sc) +
+                                                              std::fabs(z));
+        }
+      }
+      for (ops::SimdLevel l : levels()) {
+        ops::set_simd_level(l);
+        std::vector<float> got(static_cast<size_t>(n), 7.f);
+        ops::kivi_key_scores_tokens(ring.view(start), t0, n, params.data(), q.data(), float(scale), got.data());
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_NEAR(got[size_t(j)], ref[size_t(j)], 1e-5 * mag[size_t(j)] + 1e-6)
+              << "int" << bits << " hd " << hd << " token " << j << " " << ops::simd_level_name(l);
+      }
+    }
+}
+
 TEST(KiviKernels, EmptyRunsWriteNothing) {
   const CodeRing ring(4, 32, 8, 1);
   const auto params = random_params(32, 2);
