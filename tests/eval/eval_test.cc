@@ -517,10 +517,10 @@ TEST(Cli, PerplexityKiviGroupListGivesTwoRows) {
   r = run_cli(base + " --json 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
   const double p_fp32 = nlohmann::json::parse(r.out)["results"][0]["through_cache"]["ppl"];
-  // Agreement to rounding, not bit for bit: the fp32 cache stores keys rotated
-  // at append, the grouped one rotates its (residual, full-precision) keys at
-  // read time, so the float operations differ (measured 1.5e-6 relative).
-  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 1e-5);
+  // Agreement to rounding, not bit for bit: every token is still in the
+  // grouped residual, which is stored as fp16 (the default residual dtype;
+  // measured 1.2e-3 relative on stories260K; 1.5e-6 with an fp32 residual).
+  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 5e-3);
   EXPECT_GT(std::fabs(p_simple / p_fp32 - 1.0), 1e-4);  // while the simple scheme really quantises
   // The markdown table has the same two rows.
   r = run_cli(base + " --kv-quantize int4 --kivi-group 0,32 2>/dev/null");
