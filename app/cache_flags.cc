@@ -12,7 +12,9 @@ constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
     {"quantize", "--kv-quantize"},          {"quantize_k", "--kv-quantize-k"},
     {"quantize_v", "--kv-quantize-v"},      {"sink", "--streaming-llm-sink"},
     {"window", "--streaming-llm-window"},   {"rope", "--streaming-llm-rope"},
-    {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"}};
+    {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"},
+    {"residual_dtype", "--kivi-residual-dtype"}, {"rotate", "--kv-rotate"},
+    {"k_axis", "--kivi-k-axis"}};
 
 // Adds the flag of `field`; its value goes straight into spec.set, which parses
 // it once. A bad value is a CLI11 error "<flag>: got <value>, expected ...".
@@ -41,22 +43,34 @@ std::string flag_message(const CacheSpecError& e) { return e.issue().message(cac
 void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
   add_spec_flag(cmd, o, "quantize_k",
                 "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2",
-                "fp32|fp16|bf16|int8|int4|int2");
+                "fp32|fp16|bf16|int8|int4|int3|int2");
   add_spec_flag(cmd, o, "quantize_v", "Storage of V only (overrides --kv-quantize for values)",
-                "fp32|fp16|bf16|int8|int4|int2");
+                "fp32|fp16|bf16|int8|int4|int3|int2");
   add_spec_flag(cmd, o, "kivi_group",
                 "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over "
                 "all stored tokens, re-quantised on append)",
                 "INT>=0");
   add_spec_flag(cmd, o, "kivi_residual",
                 "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)", "INT>=0");
+  add_spec_flag(cmd, o, "residual_dtype",
+                "Grouped KIVI: storage of the residual and sink tokens, fp16 (default), bf16 or fp32; widened to fp32 "
+                "for attention",
+                "fp32|fp16|bf16");
+  add_spec_flag(cmd, o, "k_axis",
+                "Grouped KIVI keys: channel (default; per channel in groups of --kivi-group) or token (one scale+zero "
+                "per token)",
+                "channel|token");
+  add_spec_flag(cmd, o, "rotate",
+                "Rotate K (after RoPE), Q and V per KV head by a fixed seeded randomised Hadamard transform before "
+                "storing (scores unchanged; outliers spread before quantising); needs head_dim a power of two",
+                "none|hadamard");
 }
 
 void add_cache_flags(CLI::App* cmd, CacheSpec& o) {
   add_spec_flag(cmd, o, "quantize",
-                "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int2 (int8/int4/int2 = KIVI: K "
+                "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int3, int2 (int8/int4/int3/int2 = KIVI: K "
                 "per-channel, V per-token)",
-                "fp32|fp16|bf16|int8|int4|int2");
+                "fp32|fp16|bf16|int8|int4|int3|int2");
   add_kivi_flags(cmd, o);
   add_spec_flag(cmd, o, "sink",
                 "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window",
@@ -72,7 +86,7 @@ void add_cache_flags(CLI::App* cmd, CacheSpec& o) {
 }
 void add_sweep_flags(CLI::App* cmd, eval::SweepFlags& f, const std::string& kv_quantize_default) {
   cmd->add_option("--kv-quantize", f.kv_quantize,
-                  "K/V storage, a comma list: fp32, fp16, bf16, int8, int4, int2 (default " + kv_quantize_default +
+                  "K/V storage, a comma list: fp32, fp16, bf16, int8, int4, int3, int2 (default " + kv_quantize_default +
                       "; int8/int4/int2 = KIVI)");
   cmd->add_option("--kv-quantize-k", f.kv_quantize_k,
                   "Storage of K only (overrides --kv-quantize for keys); a comma list, paired with --kv-quantize-v");

@@ -1,7 +1,7 @@
 // The KV cache flags shared by every command that decodes (sample, bench,
 // ...): --kv-quantize, --kv-quantize-k, --kv-quantize-v, --kivi-group,
-// --kivi-residual, --streaming-llm-sink, --streaming-llm-window,
-// --streaming-llm-rope. Rules (docs/CACHE.md):
+// --kivi-residual, --kivi-residual-dtype, --kivi-k-axis, --kv-rotate,
+// --streaming-llm-sink, --streaming-llm-window, --streaming-llm-rope. Rules (docs/CACHE.md):
 //   * no StreamingLLM flags: unbounded cache (up to the context length);
 //   * --streaming-llm-window M (M >= 1) bounds the cache to sink + M tokens;
 //     a window without a sink is allowed (sink 0, a plain sliding window);
@@ -25,8 +25,9 @@ std::string cache_flag_name(std::string_view field);
 std::string flag_message(const CacheSpecError& e);
 
 void add_cache_flags(CLI::App* cmd, CacheSpec& o);
-// Only --kv-quantize-k, --kv-quantize-v, --kivi-group and --kivi-residual (part
-// of add_cache_flags; `cache-table` takes just these).
+// Only --kv-quantize-k, --kv-quantize-v, --kivi-group, --kivi-residual,
+// --kivi-residual-dtype, --kivi-k-axis and --kv-rotate (part of
+// add_cache_flags; `cache-table` takes just these).
 void add_kivi_flags(CLI::App* cmd, CacheSpec& o);
 
 // The same cache flags as comma lists, for the sweeps of `perplexity` and

@@ -17,6 +17,7 @@ std::string_view storage_name(KVStorage s) {
     case KVStorage::BF16: return "bf16";
     case KVStorage::Int8: return "int8";
     case KVStorage::Int4: return "int4";
+    case KVStorage::Int3: return "int3";
     case KVStorage::Int2: return "int2";
   }
   return "?";
@@ -36,7 +37,7 @@ CacheSpecError::CacheSpecError(SpecIssue issue)
 
 namespace {
 
-constexpr const char* kStorages = "one of fp32, fp16, bf16, int8, int4, int2";
+constexpr const char* kStorages = "one of fp32, fp16, bf16, int8, int4, int3, int2";
 
 std::optional<KVStorage> storage_from(std::string_view s) {
   for (KVStorage k : kAllStorages)
@@ -57,6 +58,14 @@ SpecIssue issue_of(std::string_view field, std::string_view value, std::string e
 
 }  // namespace
 
+CacheSpec::FieldKind CacheSpec::field_kind(std::string_view f) {
+  for (std::string_view t : {"quantize", "quantize_k", "quantize_v", "rope", "residual_dtype", "rotate", "k_axis"})
+    if (f == t) return FieldKind::Text;
+  for (std::string_view t : {"sink", "window", "kivi_group", "kivi_residual"})
+    if (f == t) return FieldKind::Integer;
+  return FieldKind::Unknown;
+}
+
 std::optional<SpecIssue> CacheSpec::set(std::string_view field, std::string_view text) {
   if (field == "quantize" || field == "quantize_k" || field == "quantize_v") {
     const auto s = storage_from(text);
@@ -64,6 +73,24 @@ std::optional<SpecIssue> CacheSpec::set(std::string_view field, std::string_view
     if (field == "quantize") storage = *s;
     else if (field == "quantize_k") key_storage = *s;
     else value_storage = *s;
+    return std::nullopt;
+  }
+  if (field == "residual_dtype") {
+    const auto s = storage_from(text);
+    if (!s || is_quantised(*s)) return issue_of(field, text, "one of fp32, fp16, bf16");
+    residual_dtype = *s;
+    return std::nullopt;
+  }
+  if (field == "rotate") {
+    if (text == "none") rotate = KVRotate::None;
+    else if (text == "hadamard") rotate = KVRotate::Hadamard;
+    else return issue_of(field, text, "none or hadamard");
+    return std::nullopt;
+  }
+  if (field == "k_axis") {
+    if (text == "channel") k_axis = KeyAxis::Channel;
+    else if (text == "token") k_axis = KeyAxis::Token;
+    else return issue_of(field, text, "channel or token");
     return std::nullopt;
   }
   if (field == "rope") {
@@ -79,7 +106,8 @@ std::optional<SpecIssue> CacheSpec::set(std::string_view field, std::string_view
                                                : nullptr;
   if (!target)
     return issue_of(field, "(unknown field)",
-                    "one of quantize, quantize_k, quantize_v, sink, window, rope, kivi_group, kivi_residual");
+                    "one of quantize, quantize_k, quantize_v, sink, window, rope, kivi_group, kivi_residual, "
+                    "residual_dtype, rotate, k_axis");
   const auto v = int_from(text);
   if (!v || *v < 0)
     return issue_of(field, text, field == "window" ? "an integer >= 0 (0 = unbounded)" : "an integer >= 0");
@@ -96,6 +124,8 @@ std::optional<SpecIssue> CacheSpec::issue() const {
     return SpecIssue{"sink", num(sink), "0 when {other} is 0 (unbounded): the window sets the cache bound", "window"};
   if (kivi_group < 0) return issue_of("kivi_group", num(kivi_group), "an integer >= 0 (0 = the simple scheme)");
   if (kivi_group > 4096) return issue_of("kivi_group", num(kivi_group), "<= 4096");
+  if (is_quantised(residual_dtype))
+    return issue_of("residual_dtype", std::string(storage_name(residual_dtype)), "one of fp32, fp16, bf16");
   if (kivi_residual < 0) return issue_of("kivi_residual", num(kivi_residual), "an integer >= 0");
   if (kivi_group > 0 && kivi_residual % kivi_group != 0)
     return SpecIssue{"kivi_residual", num(kivi_residual), fmt::format("a multiple of {{other}} {}", kivi_group),
@@ -116,7 +146,12 @@ CacheSpec CacheSpec::canonical() const {
   if (v_storage() != c.storage) c.value_storage = v_storage();
   if (!c.streaming()) c.rope_mode = d.rope_mode;
   if (!c.quantised()) c.kivi_group = d.kivi_group;
-  if (!c.grouped()) c.kivi_residual = d.kivi_residual;
+  if (!c.grouped()) {
+    c.kivi_residual = d.kivi_residual;
+    c.residual_dtype = d.residual_dtype;
+  }
+  // Only grouped quantised keys have an axis to choose.
+  if (!(c.grouped() && is_quantised(c.k_storage()))) c.k_axis = d.k_axis;
   return c;
 }
 
@@ -127,10 +162,12 @@ std::string CacheSpec::storage_label() const {
 }
 
 namespace {
-// Group/residual at their defaults (32/128; the residual does not count for the simple scheme).
+// Group/residual/residual dtype at their defaults (32/128/fp16; residual and
+// its dtype do not count for the simple scheme).
 bool default_kivi(const CacheSpec& o) {
   const CacheSpec d;
-  return o.kivi_group == d.kivi_group && (o.kivi_group == 0 || o.kivi_residual == d.kivi_residual);
+  return o.kivi_group == d.kivi_group &&
+         (o.kivi_group == 0 || (o.kivi_residual == d.kivi_residual && o.residual_dtype == d.residual_dtype));
 }
 }  // namespace
 
@@ -138,6 +175,11 @@ std::string CacheSpec::label(bool show_kivi) const {
   std::string s = storage_label();
   if (quantised() && (show_kivi || !default_kivi(*this)))
     s += kivi_group == 0 ? std::string(" simple") : fmt::format(" G{} R{}", kivi_group, kivi_residual);
+  // The residual's storage only when it is not the default (fp16).
+  if (grouped() && residual_dtype != CacheSpec{}.residual_dtype)
+    s += fmt::format(" res {}", storage_name(residual_dtype));
+  if (grouped() && is_quantised(k_storage()) && k_axis == KeyAxis::Token) s += " K per-token";
+  if (rotate == KVRotate::Hadamard) s += " hadamard";
   if (streaming()) {
     s += sink > 0 ? fmt::format(" · sink {} + window {}", sink, window) : fmt::format(" · window {}", window);
     s += fmt::format(" · {}", rope_mode_name(rope_mode));
@@ -156,9 +198,10 @@ std::vector<std::string> spec_labels(const std::vector<CacheSpec>& specs) {
 namespace {
 std::string kivi_part(KVStorage st, bool key, const CacheSpec& o) {
   if (!is_quantised(st)) return std::string(storage_name(st));
-  std::string s = fmt::format("{} {}", storage_name(st), key ? "per-channel" : "per-token");
+  const bool per_channel = key && !(o.kivi_group > 0 && o.k_axis == KeyAxis::Token);
+  std::string s = fmt::format("{} {}", storage_name(st), per_channel ? "per-channel" : "per-token");
   if (key && o.kivi_group == 0) s += " over all stored tokens (simple scheme)";
-  if (key && o.kivi_group > 0) s += fmt::format(" in groups of {}", o.kivi_group);
+  if (per_channel && o.kivi_group > 0) s += fmt::format(" in groups of {}", o.kivi_group);
   return s;
 }
 }  // namespace
@@ -173,10 +216,12 @@ std::string CacheSpec::describe() const {
     s = fmt::format("kv cache KIVI (K {} · V {}, fp16 scale+zero", kivi_part(ks, true, *this),
                     kivi_part(vs, false, *this));
     if (kivi_group > 0)
-      s += fmt::format("; newest {}..{} tokens{} full precision, each token quantised once", kivi_residual,
-                       kivi_residual + kivi_group - 1, sink > 0 && streaming() ? " and the sinks" : "");
+      s += fmt::format("; newest {}..{} tokens{} in {}, each token quantised once", kivi_residual,
+                       kivi_residual + kivi_group - 1, sink > 0 && streaming() ? " and the sinks" : "",
+                       storage_name(residual_dtype));
     s += ")";
   }
+  if (rotate == KVRotate::Hadamard) s += " · K, Q, V rotated by a seeded randomised Hadamard per KV head";
   if (streaming())
     s += fmt::format(" · StreamingLLM sink {} + window {} (<= {} tokens per layer) · RoPE {}", sink, window,
                      sink + window, rope_mode_name(rope_mode));
@@ -196,6 +241,10 @@ nlohmann::json CacheSpec::to_json() const {
           {"rope", or_null(c.streaming(), rope_mode_name(c.rope_mode))},
           {"kivi_group", or_null(c.quantised(), c.kivi_group)},
           {"kivi_residual", or_null(c.grouped(), c.kivi_residual)},
+          {"residual_dtype", or_null(c.grouped(), storage_name(c.residual_dtype))},
+          {"rotate", c.rotate == KVRotate::Hadamard ? "hadamard" : "none"},
+          {"k_axis", or_null(c.grouped() && is_quantised(c.k_storage()),
+                             c.k_axis == KeyAxis::Token ? "token" : "channel")},
           {"bounded", c.streaming()},
           {"label", c.label()},
           {"description", c.describe()}};

@@ -5,13 +5,19 @@
 //
 // Fields and their JSON names (the same names in sample --json, the sweeps,
 // bench, cache-table and the server's "kv_cache" object):
-//   quantize       K and V storage: fp32 fp16 bf16 int8 int4 int2 (int* = KIVI)
+//   quantize       K and V storage: fp32 fp16 bf16 int8 int4 int3 int2 (int* = KIVI)
 //   quantize_k/_v  override quantize for K / V only
 //   sink, window   StreamingLLM: keep the first `sink` and the last `window`
 //                  tokens; window 0 = unbounded (everywhere), and then sink must be 0
 //   rope           reposition (by slot) or absolute; only a bounded cache uses it
 //   kivi_group     KIVI K scales per group of G tokens; 0 = the simple scheme
 //   kivi_residual  KIVI newest R tokens in full precision (a multiple of G)
+//   residual_dtype grouped KIVI: storage of those residual tokens and the
+//                  sinks, fp32 fp16 bf16 (default fp16)
+//   rotate         none or hadamard: a fixed seeded orthogonal rotation per KV
+//                  head of K (after RoPE), Q and V before storing (rotation.h)
+//   k_axis         grouped KIVI keys: channel (per channel in groups, KIVI) or
+//                  token (one scale+zero per token, like V)
 // to_json adds read-only ones: bounded, label, description.
 #pragma once
 #include <cstdint>
@@ -29,13 +35,18 @@
 
 namespace ptllm {
 
-enum class KVStorage { F32, F16, BF16, Int8, Int4, Int2 };
+enum class KVStorage { F32, F16, BF16, Int8, Int4, Int3, Int2 };
 enum class RopeMode { Absolute, Reposition };
+enum class KVRotate { None, Hadamard };
+enum class KeyAxis { Channel, Token };
 inline constexpr KVStorage kAllStorages[] = {KVStorage::F32,  KVStorage::F16,  KVStorage::BF16,
-                                              KVStorage::Int8, KVStorage::Int4, KVStorage::Int2};
-std::string_view storage_name(KVStorage s);  // "fp32", "fp16", "bf16", "int8", "int4", "int2"
-// int8 / int4 / int2: KIVI codes + fp16 scales (the others are plain casts).
-inline bool is_quantised(KVStorage s) { return s == KVStorage::Int8 || s == KVStorage::Int4 || s == KVStorage::Int2; }
+                                              KVStorage::Int8, KVStorage::Int4, KVStorage::Int3,
+                                              KVStorage::Int2};
+std::string_view storage_name(KVStorage s);  // "fp32", "fp16", "bf16", "int8", "int4", "int3", "int2"
+// int8 / int4 / int3 / int2: KIVI codes + fp16 scales (the others are plain casts).
+inline bool is_quantised(KVStorage s) {
+  return s == KVStorage::Int8 || s == KVStorage::Int4 || s == KVStorage::Int3 || s == KVStorage::Int2;
+}
 std::string_view rope_mode_name(RopeMode m);
 
 // What is wrong with one field of a spec: the JSON field name, the offending
@@ -69,6 +80,15 @@ struct CacheSpec {
   // over all stored tokens, re-quantised on append; no residual, R ignored).
   int64_t kivi_group = 32;
   int64_t kivi_residual = 128;
+  // Grouped KIVI: the residual and sink rows are stored as this (F32, F16 or
+  // BF16) and widened to fp32 for attention. fp16 halves the biggest part of a
+  // short int4 cache at no measurable perplexity cost (docs/CACHE.md).
+  KVStorage residual_dtype = KVStorage::F16;
+  // Randomised Hadamard rotation of K (after RoPE), Q and V per KV head; the
+  // attention output is rotated back. Needs head_dim a power of two.
+  KVRotate rotate = KVRotate::None;
+  // Grouped KIVI keys: per channel in groups of kivi_group (KIVI) or per token.
+  KeyAxis k_axis = KeyAxis::Channel;
   int64_t sink = 0;
   int64_t window = 0;  // 0 = unbounded; the window is what bounds the cache
   RopeMode rope_mode = RopeMode::Reposition;
@@ -79,6 +99,10 @@ struct CacheSpec {
   bool grouped() const { return kivi_group > 0 && quantised(); }
   bool streaming() const { return window > 0; }  // bounded: sink + window slots
 
+  // Whether a writable field's JSON value is a string ("int4") or an integer
+  // (252); Unknown for anything else. The server type-checks kv_cache with it.
+  enum class FieldKind { Text, Integer, Unknown };
+  static FieldKind field_kind(std::string_view field);
   // Sets field `field` (a JSON name above) from text ("int4", "252"); the issue
   // when the field is unknown or the text is no valid value for it.
   std::optional<SpecIssue> set(std::string_view field, std::string_view text);

@@ -12,7 +12,7 @@
 namespace ptllm {
 
 GroupedKiviStore::GroupedKiviStore(Axis axis, kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim,
-                                   int64_t sink, int64_t group, int64_t residual)
+                                   int64_t sink, int64_t group, int64_t residual, DType resid)
     : KVStore(n_heads, capacity, head_dim),
       axis_(axis),
       r_(r),
@@ -23,16 +23,52 @@ GroupedKiviStore::GroupedKiviStore(Axis axis, kivi::QuantRange r, int64_t n_head
       // (R + G triggers a flush), nor more than the whole cache.
       res_cap_(std::min(residual + group, capacity)),
       max_groups_(capacity / std::max<int64_t>(group, 1) + 2),
-      row_(kivi::row_bytes(head_dim, r)) {
+      row_(kivi::row_bytes(head_dim, r)),
+      rdt_(resid),
+      esz_(resid == DType::F32 ? 4 : 2) {
+  if (resid != DType::F32 && resid != DType::F16 && resid != DType::BF16)
+    fail("grouped KIVI store: residual dtype must be fp32, fp16 or bf16");
   if (group < 1 || residual < 0 || residual % group != 0)
     fail("grouped KIVI store: group {} / residual {} (expected group >= 1, residual a multiple of it)", group,
          residual);
-  sink_.resize(size_t(n_heads * sink_cap_ * head_dim));
-  res_.resize(size_t(n_heads * res_cap_ * head_dim));
+  sink_.resize(size_t(n_heads * sink_cap_ * head_dim) * esz_);
+  res_.resize(size_t(n_heads * res_cap_ * head_dim) * esz_);
   codes_.resize(size_t(n_heads * capacity) * row_);
   params_.resize(axis == Axis::PerChannel ? size_t(n_heads * max_groups_ * head_dim) : size_t(n_heads * capacity));
   group_len_.reserve(size_t(max_groups_));
   qring_.cap = capacity;
+}
+
+namespace {
+constexpr float kF16Max = 65504.f;
+}  // namespace
+
+// Row `row` (counted over [n_heads * cap] rows) of a sink/residual buffer.
+void GroupedKiviStore::put_row(std::vector<uint8_t>& buf, int64_t row, const float* x) {
+  const int64_t hd = head_dim_;
+  uint8_t* dst = buf.data() + size_t(row * hd) * esz_;
+  if (rdt_ == DType::F32) {
+    std::memcpy(dst, x, size_t(hd) * sizeof(float));
+    return;
+  }
+  uint16_t h[kMaxHeadDim];
+  for (int64_t c = 0; c < hd; ++c) {
+    if (rdt_ == DType::BF16) {
+      h[c] = f32_to_bf16(x[c]);
+    } else {
+      // Saturate: an fp16 inf would turn the next q.k or p.v into inf/NaN.
+      const float v = std::isnan(x[c]) ? 0.f : std::clamp(x[c], -kF16Max, kF16Max);
+      h[c] = f32_to_f16(v);
+    }
+  }
+  std::memcpy(dst, h, size_t(hd) * 2);
+}
+
+const float* GroupedKiviStore::full_rows(const std::vector<uint8_t>& buf, int64_t row, int64_t n, float* tmp) const {
+  const uint8_t* src = buf.data() + size_t(row * head_dim_) * esz_;
+  if (rdt_ == DType::F32) return reinterpret_cast<const float*>(src);
+  if (n > 0) ops::to_f32(src, rdt_, tmp, n * head_dim_);
+  return tmp;
 }
 
 void GroupedKiviStore::append(const float* x, int64_t n) {
@@ -42,8 +78,10 @@ void GroupedKiviStore::append(const float* x, int64_t n) {
     const bool to_sink = n_sink_ < sink_cap_;
     for (int64_t h = 0; h < n_heads_; ++h) {
       const float* src = x + (t * n_heads_ + h) * hd;
-      float* dst = to_sink ? sink_.data() + (h * sink_cap_ + n_sink_) * hd : res_.data() + (h * res_cap_ + n_res_) * hd;
-      std::copy_n(src, hd, dst);
+      if (to_sink)
+        put_row(sink_, h * sink_cap_ + n_sink_, src);
+      else
+        put_row(res_, h * res_cap_ + n_res_, src);
     }
     if (to_sink) {
       ++n_sink_;
@@ -63,8 +101,9 @@ void GroupedKiviStore::flush_group() {
   // Physical rows of the G new quantised tokens (the ring may wrap inside a group).
   std::vector<int64_t> prow(static_cast<size_t>(G));
   for (int64_t t = 0; t < G; ++t) prow[size_t(t)] = qring_.phys(n_quant_ + t);
+  std::vector<float> wide(rdt_ == DType::F32 ? 0 : size_t(G * hd));
   for (int64_t h = 0; h < n_heads_; ++h) {
-    const float* rows = res_.data() + h * res_cap_ * hd;  // oldest G residual rows
+    const float* rows = resid_rows(h, 0, G, wide.data());  // oldest G residual rows, fp32
     uint8_t* dst = codes_.data() + size_t(h * capacity_) * row_;
     if (axis_ == Axis::PerChannel) {
       // One (scale, zero) per channel over this group's G tokens, fixed from now on.
@@ -99,8 +138,8 @@ void GroupedKiviStore::flush_group() {
       }
     }
     // The residual keeps its newest n_res - G rows, moved to its front.
-    float* base = res_.data() + h * res_cap_ * hd;
-    std::memmove(base, base + G * hd, size_t((n_res_ - G) * hd) * sizeof(float));
+    uint8_t* base = res_.data() + size_t(h * res_cap_ * hd) * esz_;
+    std::memmove(base, base + size_t(G * hd) * esz_, size_t((n_res_ - G) * hd) * esz_);
   }
   if (axis_ == Axis::PerChannel) group_len_.push_back(G);
   qring_.count += G;
@@ -143,8 +182,8 @@ void GroupedKiviStore::evict(int64_t begin, int64_t end) {
   // Then (window smaller than the residual) the oldest full-precision rows.
   if (k > 0) {
     for (int64_t h = 0; h < n_heads_; ++h) {
-      float* base = res_.data() + h * res_cap_ * hd;
-      std::memmove(base, base + k * hd, size_t((n_res_ - k) * hd) * sizeof(float));
+      uint8_t* base = res_.data() + size_t(h * res_cap_ * hd) * esz_;
+      std::memmove(base, base + size_t(k * hd) * esz_, size_t((n_res_ - k) * hd) * esz_);
     }
     n_res_ -= k;
   }
@@ -153,7 +192,10 @@ void GroupedKiviStore::evict(int64_t begin, int64_t end) {
 
 void GroupedKiviStore::read(int64_t head, float* out) const {
   const int64_t hd = head_dim_;
-  std::copy_n(sink_rows(head), n_sink_ * hd, out);
+  if (n_sink_ > 0) {
+    const float* r = sink_rows(head, 0, n_sink_, out);  // widened in place, or fp32 rows to copy
+    if (r != out) std::copy_n(r, n_sink_ * hd, out);
+  }
   out += n_sink_ * hd;
   if (axis_ == Axis::PerChannel) {
     int64_t t = 0;
@@ -173,11 +215,14 @@ void GroupedKiviStore::read(int64_t head, float* out) const {
       kivi::dequantise_row(code_row(head, t), hd, r_, kivi::widen(token_params(head, t)), out + t * hd);
   }
   out += n_quant_ * hd;
-  std::copy_n(resid_rows(head), n_res_ * hd, out);
+  if (n_res_ > 0) {
+    const float* r = resid_rows(head, 0, n_res_, out);
+    if (r != out) std::copy_n(r, n_res_ * hd, out);
+  }
 }
 
 size_t GroupedKiviStore::payload_bytes() const {
-  return size_t((n_sink_ + n_res_) * n_heads_ * head_dim_) * sizeof(float) + size_t(n_quant_ * n_heads_) * row_;
+  return size_t((n_sink_ + n_res_) * n_heads_ * head_dim_) * esz_ + size_t(n_quant_ * n_heads_) * row_;
 }
 
 size_t GroupedKiviStore::scale_bytes() const {
@@ -202,42 +247,70 @@ void GroupedKiviStore::key_scores(int64_t head, const float* staged, const float
                                   const float* kcos, const float* ksin, float scale, float* scores) const {
   const int64_t hd = head_dim_, half = hd / 2;
   const int64_t ns = n_sink_, nq = n_quant_;
-  // Sinks: fp32.
-  const float* sk = sink_rows(head);
+  // fp16/bf16 sink and residual rows are widened here, a few rows at a time
+  // (at most R + G - 1 + sink), never the quantised groups.
+  thread_local std::vector<float> wide;
+  if (rdt_ != DType::F32) wide.resize(size_t(std::max(sink_cap_, res_cap_) * hd));
+  // Keys stored after RoPE (kcos == nullptr: rotate hadamard or k_axis token)
+  // are not turned: plain dots for the full-precision rows.
+  const auto full_dots = [&](const float* rows, int64_t b, int64_t n) {
+    if (kcos)
+      ops::dot_rows_rotated(q, rows, n, hd, kcos + b * half, ksin + b * half, scale, scores + b);
+    else
+      ops::dot_rows(q, rows, n, hd, scale, scores + b);
+  };
+  // Sinks.
   const int64_t se = std::min(end, ns);
-  if (begin < se)
-    ops::dot_rows_rotated(q, sk + begin * hd, se - begin, hd, kcos + begin * half, ksin + begin * half, scale,
-                          scores + begin);
+  if (begin < se) full_dots(sink_rows(head, begin, se - begin, wide.data()), begin, se - begin);
   // Quantised groups: scales and zeros folded into the query once per group.
   const int64_t qb = std::max<int64_t>(begin - ns, 0), qe = std::min(end - ns, nq);  // quantised indices
-  if (qb < qe) {
+  if (qb < qe && axis_ == Axis::PerToken) {
+    // Per-token keys (after RoPE): one (scale, zero) per token, like V.
+    ops::kivi_key_scores_tokens(codes(head), qb, qe - qb, params_.data() + head * capacity_, q, scale,
+                                scores + ns + qb);
+  } else if (qb < qe) {
     const ops::KiviCodes kc = codes(head);
+    // Keys after RoPE in per-channel groups: the RoPE kernel with cos 1, sin 0
+    // (an identity table of kChunk rows, reused chunk by chunk).
+    constexpr int64_t kChunk = 64;
+    thread_local std::vector<float> one, zero;
+    if (!kcos && one.empty()) {
+      one.assign(size_t(kChunk * (kMaxHeadDim / 2)), 1.f);
+      zero.assign(one.size(), 0.f);
+    }
     int64_t g0 = 0;  // first token of group g
     for (size_t g = 0; g < group_len_.size() && g0 < qe; g0 += group_len_[g], ++g) {
       const int64_t a = std::max(g0, qb), b = std::min(g0 + group_len_[g], qe);
       if (a >= b) continue;
       const int64_t slot = ns + a;
-      ops::kivi_key_scores(kc, a, b - a, group_params(head, int64_t(g)), q, scale, kcos + slot * half,
-                           ksin + slot * half, scores + slot);
+      if (kcos) {
+        ops::kivi_key_scores(kc, a, b - a, group_params(head, int64_t(g)), q, scale, kcos + slot * half,
+                             ksin + slot * half, scores + slot);
+      } else {
+        for (int64_t c = a; c < b; c += kChunk)
+          ops::kivi_key_scores(kc, c, std::min(kChunk, b - c), group_params(head, int64_t(g)), q, scale, one.data(),
+                               zero.data(), scores + ns + c);
+      }
     }
   }
-  // Residual: fp32.
-  const float* rk = resid_rows(head);
+  // Residual.
   const int64_t rb = std::max(begin, ns + nq);
-  if (rb < end)
-    ops::dot_rows_rotated(q, rk + (rb - ns - nq) * hd, end - rb, hd, kcos + rb * half, ksin + rb * half, scale,
-                          scores + rb);
+  if (rb < end) full_dots(resid_rows(head, rb - ns - nq, end - rb, wide.data()), rb, end - rb);
 }
 
 void GroupedKiviStore::value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const {
   const int64_t hd = head_dim_, ns = n_sink_, nq = n_quant_;
   std::fill(out, out + hd, 0.f);
-  ops::weighted_sum_rows(p, sink_rows(head), std::min(len, ns), hd, out);
+  thread_local std::vector<float> wide;
+  if (rdt_ != DType::F32) wide.resize(size_t(std::max(sink_cap_, res_cap_) * hd));
+  const int64_t sn = std::min(len, ns);
+  if (sn > 0) ops::weighted_sum_rows(p, sink_rows(head, 0, sn, wide.data()), sn, hd, out);
   // sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + sum_t p_t z_t; V's
   // per-token parameters are indexed by physical row like the codes.
   const int64_t qend = std::min(nq, len - ns);
   if (qend > 0) ops::kivi_value_sum(codes(head), 0, qend, params_.data() + head * capacity_, p + ns, out);
-  if (len > ns + nq) ops::weighted_sum_rows(p + ns + nq, resid_rows(head), len - ns - nq, hd, out);
+  if (len > ns + nq)
+    ops::weighted_sum_rows(p + ns + nq, resid_rows(head, 0, len - ns - nq, wide.data()), len - ns - nq, hd, out);
 }
 
 void GroupedKiviStore::clear() {

@@ -4,7 +4,12 @@
 //
 // Per head, the stored tokens are, in slot order:
 //
-//   [ sinks: first `sink` tokens, fp32 ][ quantised groups ][ residual: newest tokens, fp32 ]
+//   [ sinks: first `sink` tokens ][ quantised groups ][ residual: newest tokens ]
+//
+// Sinks and residual are full-precision rows stored as `resid` (fp32, fp16 or
+// bf16; CacheSpec::residual_dtype). fp16/bf16 rows are widened to fp32 before
+// any arithmetic (attention, quantising a group); values past the fp16 range
+// are saturated to +-65504 when stored, so no inf/NaN is ever held.
 //
 // A token enters the sinks (while fewer than `sink` are held) or the residual.
 // When the residual reaches R + G tokens its oldest G are quantised as one
@@ -32,7 +37,7 @@ class GroupedKiviStore : public KVStore {
  public:
   enum class Axis { PerChannel, PerToken };  // K, V
   GroupedKiviStore(Axis axis, kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim, int64_t sink,
-                   int64_t group, int64_t residual);
+                   int64_t group, int64_t residual, DType resid = DType::F32);
 
   void append(const float* x, int64_t n) override;
   // [begin, end) must start at the first non-sink slot (begin == n_sink()).
@@ -68,13 +73,22 @@ class GroupedKiviStore : public KVStore {
   const kivi::AffineParams& token_params(int64_t head, int64_t t) const {
     return params_[size_t(head * capacity_ + qring_.phys(t))];
   }
-  const float* sink_rows(int64_t head) const { return sink_.data() + size_t(head * sink_cap_ * head_dim_); }
-  const float* resid_rows(int64_t head) const { return res_.data() + size_t(head * res_cap_ * head_dim_); }
+  DType resid_dtype() const { return rdt_; }
+  // Sink / residual rows [j, j + n) of `head` as fp32: the rows themselves
+  // (fp32) or widened into `tmp` ([n, head_dim]).
+  const float* sink_rows(int64_t head, int64_t j, int64_t n, float* tmp) const {
+    return full_rows(sink_, head * sink_cap_ + j, n, tmp);
+  }
+  const float* resid_rows(int64_t head, int64_t j, int64_t n, float* tmp) const {
+    return full_rows(res_, head * res_cap_ + j, n, tmp);
+  }
 
  private:
   void flush_group();  // quantises the oldest G residual tokens
   // The quantised rows of `head` as the kernels see them (ops/kivi_kernels.h).
   ops::KiviCodes codes(int64_t head) const;
+  const float* full_rows(const std::vector<uint8_t>& buf, int64_t row, int64_t n, float* tmp) const;
+  void put_row(std::vector<uint8_t>& buf, int64_t row, const float* x);
 
   Axis axis_;
   kivi::QuantRange r_;
@@ -82,7 +96,9 @@ class GroupedKiviStore : public KVStore {
   size_t row_;
   int64_t n_sink_ = 0, n_quant_ = 0, n_res_ = 0;
   RowRing qring_;                          // quantised rows: count == n_quant_
-  std::vector<float> sink_, res_;          // [n_heads, sink_cap, hd], [n_heads, res_cap, hd]
+  DType rdt_;                              // sink/residual rows: F32, F16 or BF16
+  size_t esz_;                             // bytes per sink/residual element
+  std::vector<uint8_t> sink_, res_;        // [n_heads, sink_cap, hd], [n_heads, res_cap, hd] of rdt_
   std::vector<uint8_t> codes_;             // [n_heads, capacity, row], rows in qring_ order
   std::vector<kivi::AffineParams> params_; // K: [n_heads, max_groups, hd]; V: [n_heads, capacity] like codes_
   std::vector<int64_t> group_len_;         // K: tokens per live group, oldest first

@@ -126,7 +126,10 @@ class PlainStore : public KVStore {
 };
 
 kivi::QuantRange range_of(KVStorage s) {
-  return s == KVStorage::Int8 ? kivi::kInt8Range : s == KVStorage::Int4 ? kivi::kInt4Range : kivi::kInt2Range;
+  return s == KVStorage::Int8   ? kivi::kInt8Range
+         : s == KVStorage::Int4 ? kivi::kInt4Range
+         : s == KVStorage::Int3 ? kivi::kInt3Range
+                                : kivi::kInt2Range;
 }
 
 }  // namespace
@@ -151,6 +154,7 @@ std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t 
       return std::make_unique<PlainStore<uint16_t, DType::BF16>>(n_heads, capacity, head_dim, sink);
     case KVStorage::Int8:
     case KVStorage::Int4:
+    case KVStorage::Int3:
     case KVStorage::Int2: return std::make_unique<KiviValueStore>(range_of(s), n_heads, capacity, head_dim);
   }
   fail("KV store: unknown storage");
@@ -167,8 +171,10 @@ std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, 
   const KVStorage s = key ? o.k_storage() : o.v_storage();
   if (is_quantised(s) && o.kivi_group > 0)
     return std::make_unique<GroupedKiviStore>(
-        key ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken, range_of(s), n_heads, capacity,
-        head_dim, sink, o.kivi_group, o.kivi_residual);
+        key && o.k_axis == KeyAxis::Channel ? GroupedKiviStore::Axis::PerChannel : GroupedKiviStore::Axis::PerToken,
+        range_of(s), n_heads, capacity,
+        head_dim, sink, o.kivi_group, o.kivi_residual,
+        o.residual_dtype == KVStorage::F32 ? DType::F32 : o.residual_dtype == KVStorage::BF16 ? DType::BF16 : DType::F16);
   return key ? make_key_store(s, n_heads, capacity, head_dim, sink)
              : make_value_store(s, n_heads, capacity, head_dim, sink);
 }

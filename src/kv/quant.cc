@@ -19,6 +19,12 @@ void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst) {
     for (int64_t i = 0; i < n; ++i) dst[i] = u[i];
     return;
   }
+  if (r.bits == 3) {
+    const size_t nb = row_bytes(n, r);
+    for (size_t j = 0; j < nb; ++j) dst[j] = 0;
+    for (int64_t i = 0; i < n; ++i) set_code(dst, i, u[i], r);
+    return;
+  }
   if (r.bits == 2) {
     for (int64_t j = 0; 4 * j < n; ++j) {
       uint8_t b = 0;
@@ -37,6 +43,7 @@ void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst) {
 uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r) {
   if (r.bits == 8) return row[i];
   if (r.bits == 2) return uint8_t((row[i / 4] >> (2 * (i & 3))) & 0x03);
+  if (r.bits == 3) return int3_code(row, i);
   const uint8_t b = row[i / 2];
   return (i & 1) ? uint8_t(b >> 4) : uint8_t(b & 0x0f);
 }
@@ -44,6 +51,15 @@ uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r) {
 void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r) {
   if (r.bits == 8) {
     row[i] = u;
+    return;
+  }
+  if (r.bits == 3) {
+    // Bits 3i..3i+2 of the row, possibly across two bytes.
+    const int64_t bit = 3 * i, byte = bit >> 3;
+    const int sh = int(bit & 7);
+    const unsigned m = 7u << sh, v = unsigned(u & 7u) << sh;
+    row[byte] = uint8_t((row[byte] & ~m) | (v & 0xffu));
+    if (sh > 5) row[byte + 1] = uint8_t((row[byte + 1] & ~(m >> 8)) | (v >> 8));
     return;
   }
   if (r.bits == 2) {

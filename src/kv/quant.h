@@ -6,7 +6,7 @@
 //   x'    = (q - qmin) * scale + zero
 //
 // Codes are stored as the offset u = q - qmin (0..qmax-qmin), one byte each
-// for int8, two per byte for int4 and four per byte for int2. Scales and zeros are stored as fp16
+// for int8, two per byte for int4, four per byte for int2, eight per 3 bytes for int3. Scales and zeros are stored as fp16
 // (`Half`), which on purpose has no arithmetic: the only way to use one is
 // widen() to fp32, so fp16 arithmetic on scales cannot happen by accident.
 #pragma once
@@ -35,6 +35,7 @@ inline float dequantise(uint8_t u, const WideParams& w) { return float(u) * w.sc
 // Packs codes u[0..n) (each <= r.levels()) into dst (row_bytes(n, r) bytes).
 // int4: byte j holds element 2j in the low nibble and 2j+1 in the high one.
 // int2: byte j holds element 4j+k in bits 2k..2k+1 (k = 0..3, low bits first).
+// int3: element i in bits 3i..3i+2 of the row's little-endian bit stream (8 per 3 bytes).
 void pack_row(const uint8_t* u, int64_t n, QuantRange r, uint8_t* dst);
 uint8_t code_at(const uint8_t* row, int64_t i, QuantRange r);
 void set_code(uint8_t* row, int64_t i, uint8_t u, QuantRange r);

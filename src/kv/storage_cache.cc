@@ -30,7 +30,21 @@ StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheSpec& o) : KVCa
   // position) and rotated at read time by their slot. Other keys are stored
   // rotated at their absolute position. Either way the query is rotated per
   // run of slots so that the score has the angle the RoPE mode asks for (attend()).
-  keys_prerope_ = is_quantised(o.k_storage());
+  // Rotated keys (M R(pos) k) and per-token quantised keys are stored after
+  // RoPE like plain keys: a rotation mixes the rotate-half pairs, so read-time
+  // RoPE could no longer be folded into the codes, and a per-token scale does
+  // not need stable channel statistics.
+  const bool token_keys = o.grouped() && is_quantised(o.k_storage()) && o.k_axis == KeyAxis::Token;
+  keys_prerope_ = is_quantised(o.k_storage()) && o.rotate == KVRotate::None && !token_keys;
+  if (o.rotate == KVRotate::Hadamard) {
+    if (!HadamardRotation::valid_size(s.head_dim))
+      throw CacheSpecError(SpecIssue{"rotate", "hadamard",
+                                     fmt::format("none for this model: head_dim {} is not a power of two", s.head_dim),
+                                     {}});
+    for (int64_t l = 0; l < s.n_layers; ++l)
+      for (int64_t h = 0; h < s.n_kv_heads; ++h)
+        rot_.emplace_back(s.head_dim, 0x5eed0000ull + uint64_t(l * 4096 + h));  // fixed seed per (layer, head)
+  }
   // Read-back buffers for one layer, sized once so memory stays flat while decoding.
   kbuf_.resize(size_t(s.n_kv_heads * s.capacity * s.head_dim));
   vbuf_.resize(kbuf_.size());
@@ -79,14 +93,26 @@ void StorageKVCache::append(int64_t layer, const float* k, const float* v, int64
   }
   const int64_t row = s.n_kv_heads * s.head_dim;
   if (!keys_prerope_) {
-    // Keys keep the rotation of their original position.
+    // Keys keep the rotation of their original position (then, rotate
+    // hadamard, M per head: k' = M R(pos) k).
     std::vector<float> rk(k, k + n * row);
     for (int64_t t = 0; t < n; ++t) rope_.apply(rk.data() + t * row, s.n_kv_heads, double(position_ + t));
+    if (!rot_.empty())
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < s.n_kv_heads; ++h) rotation(layer, h)->forward(rk.data() + t * row + h * s.head_dim);
     k_[size_t(layer)]->append(rk.data(), n);
   } else {
     k_[size_t(layer)]->append(k, n);
   }
-  v_[size_t(layer)]->append(v, n);
+  if (!rot_.empty()) {
+    // v' = M v; attention sums p_t v'_t = M (sum p_t v_t) and attend() turns it back by M^T.
+    std::vector<float> rv(v, v + n * row);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < s.n_kv_heads; ++h) rotation(layer, h)->forward(rv.data() + t * row + h * s.head_dim);
+    v_[size_t(layer)]->append(rv.data(), n);
+  } else {
+    v_[size_t(layer)]->append(v, n);
+  }
   for (int64_t t = 0; t < n; ++t) pos_[size_t(layer)].push_back(position_ + t);
 }
 
@@ -168,6 +194,7 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
 #pragma omp for schedule(static)
     for (int64_t ih = 0; ih < n * s.n_heads; ++ih) {
       const int64_t i = ih / s.n_heads, h = ih % s.n_heads, kvh = h / group;
+      const HadamardRotation* rot = rotation(layer, kvh);
       float* o = out + i * qstride + h * hd;
       const float* kstage = k_staged ? kbuf_.data() + kvh * s.capacity * hd : nullptr;
       const float* vstage = v_staged ? vbuf_.data() + kvh * s.capacity * hd : nullptr;
@@ -178,6 +205,8 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
         if (b >= e) break;
         std::copy_n(q + i * qstride + h * hd, hd, qr.data());
         rope_.apply(qr.data(), 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
+        // Keys are M R(pos) k: the query after its RoPE is turned by the same M.
+        if (rot) rot->forward(qr.data());
         ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, scores.data());
       }
       bool any = false;
@@ -194,6 +223,7 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
       }
       ops::softmax(scores.data(), li);
       vs.value_sum(kvh, vstage, scores.data(), li, o);
+      if (rot) rot->inverse(o);  // o = M^T (sum p_t M v_t)
     }
   }
 }

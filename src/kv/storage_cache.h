@@ -21,6 +21,7 @@
 
 #include "kv/cache_spec.h"
 #include "kv/kv_store.h"
+#include "kv/rotation.h"
 
 namespace ptllm {
 
@@ -41,7 +42,8 @@ class StorageKVCache : public KVCache {
   const CacheSpec& options() const { return opt_; }
   // Stored keys/values of (layer, kv head) as fp32 [stored, head_dim], as
   // stored: plain keys rotated at their position, quantised keys un-rotated
-  // (dequantised). For tests.
+  // (dequantised), keys_prerope() says which; under rotate hadamard keys and
+  // values are also turned by rotation(). For tests.
   std::vector<float> read_keys(int64_t layer, int64_t head) const;
   std::vector<float> read_values(int64_t layer, int64_t head) const;
   // Absolute position of each stored slot of `layer`.
@@ -60,6 +62,17 @@ class StorageKVCache : public KVCache {
   // fp32 read-back of one layer's K and V for stores that are not read in
   // place, [n_kv_heads, capacity, head_dim] each.
   std::vector<float> kbuf_, vbuf_;
+  // rotate hadamard: one rotation per (layer, KV head), [n_layers * n_kv_heads]; empty otherwise.
+  std::vector<HadamardRotation> rot_;
+
+ public:
+  // The rotation M of (layer, KV head) under rotate hadamard, else null.
+  const HadamardRotation* rotation(int64_t layer, int64_t kv_head) const {
+    return rot_.empty() ? nullptr : &rot_[size_t(layer * shape_.n_kv_heads + kv_head)];
+  }
+  // True when keys are stored before RoPE (grouped/simple KIVI per channel,
+  // no rotation); otherwise stored rotated at their position (then by M).
+  bool keys_prerope() const { return keys_prerope_; }
 };
 
 }  // namespace ptllm

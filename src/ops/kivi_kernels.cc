@@ -1,5 +1,5 @@
 // Fused KIVI attention kernels (kivi_kernels.h): q·k and p·v straight from
-// the packed int8/int4/int2 codes and their fp16 parameters. Scalar
+// the packed int8/int4/int3/int2 codes and their fp16 parameters. Scalar
 // references, AVX2 and AVX-512 variants, chosen by pick() (dispatch.h).
 #include "ops/kivi_kernels.h"
 
@@ -113,6 +113,20 @@ void value_run_scalar(const TokenRun& run, kivi::QuantRange r, int64_t hd, const
   }
 }
 
+// K per token: scores[j] = scale * (s_t * q.u_t + z_t * sum q).
+void key_tok_run_scalar(const TokenRun& run, kivi::QuantRange r, int64_t hd, const kivi::AffineParams* params,
+                        const float* q, float qsum, float scale, float* scores) {
+  uint8_t tmp[kMaxHeadDim];
+  for (int64_t j = 0; j < run.n; ++j) {
+    const int64_t row = run.ring.phys(run.t0 + j);
+    const kivi::WideParams w = kivi::widen(params[row]);
+    const uint8_t* u = kivi::unpack_row(run.base + size_t(row) * run.row, hd, r, tmp);
+    float acc = 0.f;
+    for (int64_t i = 0; i < hd; ++i) acc += q[i] * float(u[i]);
+    scores[j] = scale * (w.scale * acc + w.zero * qsum);
+  }
+}
+
 // ---- SIMD: 16 codes of a row as bytes, elements [16 b, 16 b + 16) ----
 
 template <int BITS>
@@ -124,6 +138,19 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m128i codes16(const 
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * b));
     const __m128i m = _mm_set1_epi8(0x0f);
     return _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+  } else if constexpr (BITS == 3) {
+    // Bits 3i..3i+2 of the row: 16 codes are the 48 bits at byte 6b, two
+    // 24-bit words of eight codes. Each word is broadcast to eight 32-bit
+    // lanes, shifted by 0, 3, ..., 21 and masked, then the 16 lanes are
+    // narrowed to bytes (packus keeps 128-bit lanes: permute restores order).
+    uint64_t w = 0;
+    std::memcpy(&w, row + 6 * b, 6);
+    const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21), m = _mm256_set1_epi32(7);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(w & 0xffffff)), sh), m);
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int((w >> 24) & 0xffffff)), sh), m);
+    // packus_epi32: [lo0-3 hi0-3 | lo4-7 hi4-7] as 16-bit; 0xD8 -> [lo0-7 | hi0-7].
+    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+    return _mm_packus_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
   } else {
     // Byte j: element 4j+k in bits 2k..2k+1.
     uint32_t w;
@@ -198,6 +225,24 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_run_avx512(const Tok
   bias = b_acc;
 }
 
+template <int BITS, int NB>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void key_tok_run_avx512(const TokenRun& run,
+                                                                    const kivi::AffineParams* params, const float* q,
+                                                                    float qsum, float scale, float* scores) {
+  __m512 qv[NB];
+  for (int b = 0; b < NB; ++b) qv[b] = _mm512_loadu_ps(q + 16 * b);
+  const int64_t cap = run.ring.cap;
+  int64_t pr = run.ring.phys(run.t0);
+  for (int64_t j = 0; j < run.n; ++j, pr = pr + 1 == cap ? 0 : pr + 1) {
+    const uint8_t* row = run.base + size_t(pr) * run.row;
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < NB; ++b)
+      acc = _mm512_fmadd_ps(qv[b], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes16<BITS>(row, b))), acc);
+    const float ws = _cvtsh_ss(params[pr].scale.bits()), wz = _cvtsh_ss(params[pr].zero.bits());
+    scores[j] = scale * (ws * _mm512_reduce_add_ps(acc) + wz * qsum);
+  }
+}
+
 // ---- AVX2: the same 16-code blocks as two 8-lane halves ----
 
 __attribute__((target("avx2,fma"), always_inline)) inline void widen16(__m128i x, __m256& lo, __m256& hi) {
@@ -261,10 +306,31 @@ __attribute__((target("avx2,fma,f16c"))) void value_run_avx2(const TokenRun& run
   for (int b = 0; b < 2 * NB; ++b) _mm256_storeu_ps(acc_out + 8 * b, acc[b]);
   bias = b_acc;
 }
+template <int BITS, int NB>
+__attribute__((target("avx2,fma,f16c"))) void key_tok_run_avx2(const TokenRun& run, const kivi::AffineParams* params,
+                                                         const float* q, float qsum, float scale, float* scores) {
+  const int64_t cap = run.ring.cap;
+  int64_t pr = run.ring.phys(run.t0);
+  for (int64_t j = 0; j < run.n; ++j, pr = pr + 1 == cap ? 0 : pr + 1) {
+    const uint8_t* row = run.base + size_t(pr) * run.row;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < NB; ++b) {
+      __m256 u[2];
+      widen16(codes16<BITS>(row, b), u[0], u[1]);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * b), u[0], acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * b + 8), u[1], acc);
+    }
+    const float ws = _cvtsh_ss(params[pr].scale.bits()), wz = _cvtsh_ss(params[pr].zero.bits());
+    scores[j] = scale * (ws * hsum8(acc) + wz * qsum);
+  }
+}
+
 // ---- dispatch: the variant for (bits, head_dim) at the current level ----
 
 using KeyRunFn = void (*)(const TokenRun&, const KeyCoef&, const float*, const float*, float*);
 using ValueRunFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float*, float&);
+
+using KeyTokFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float, float, float*);
 
 // Null when there is no variant of that ISA for this size.
 template <int BITS, bool A512>
@@ -288,6 +354,29 @@ ValueRunFn value_variant(int64_t hd) {
     default: return nullptr;
   }
 }
+template <int BITS, bool A512>
+KeyTokFn key_tok_variant(int64_t hd) {
+  switch (hd) {
+    case 16: return A512 ? key_tok_run_avx512<BITS, 1> : key_tok_run_avx2<BITS, 1>;
+    case 32: return A512 ? key_tok_run_avx512<BITS, 2> : key_tok_run_avx2<BITS, 2>;
+    case 64: return A512 ? key_tok_run_avx512<BITS, 4> : key_tok_run_avx2<BITS, 4>;
+    case 128: return A512 ? key_tok_run_avx512<BITS, 8> : key_tok_run_avx2<BITS, 8>;
+    case 256: return A512 ? key_tok_run_avx512<BITS, 16> : key_tok_run_avx2<BITS, 16>;
+    default: return nullptr;
+  }
+}
+template <int BITS>
+KeyTokFn pick_key_tok_bits(int64_t hd) {
+  return pick<KeyTokFn>(nullptr, key_tok_variant<BITS, false>(hd), key_tok_variant<BITS, true>(hd));
+}
+KeyTokFn pick_key_tok(kivi::QuantRange r, int64_t hd) {
+  switch (r.bits) {
+    case 8: return pick_key_tok_bits<8>(hd);
+    case 4: return pick_key_tok_bits<4>(hd);
+    case 3: return pick_key_tok_bits<3>(hd);
+    default: return pick_key_tok_bits<2>(hd);
+  }
+}
 template <int BITS>
 KeyRunFn pick_key_bits(int64_t half) {
   return pick<KeyRunFn>(nullptr, key_variant<BITS, false>(half), key_variant<BITS, true>(half));
@@ -298,10 +387,20 @@ ValueRunFn pick_value_bits(int64_t hd) {
 }
 // Null: the scalar reference.
 KeyRunFn pick_key(kivi::QuantRange r, int64_t half) {
-  return r.bits == 8 ? pick_key_bits<8>(half) : r.bits == 4 ? pick_key_bits<4>(half) : pick_key_bits<2>(half);
+  switch (r.bits) {
+    case 8: return pick_key_bits<8>(half);
+    case 4: return pick_key_bits<4>(half);
+    case 3: return pick_key_bits<3>(half);
+    default: return pick_key_bits<2>(half);
+  }
 }
 ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) {
-  return r.bits == 8 ? pick_value_bits<8>(hd) : r.bits == 4 ? pick_value_bits<4>(hd) : pick_value_bits<2>(hd);
+  switch (r.bits) {
+    case 8: return pick_value_bits<8>(hd);
+    case 4: return pick_value_bits<4>(hd);
+    case 3: return pick_value_bits<3>(hd);
+    default: return pick_value_bits<2>(hd);
+  }
 }
 
 }  // namespace
@@ -321,6 +420,19 @@ void kivi_key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::Affi
     simd(run, coef, kcos, ksin, scores);
   else
     key_run_scalar(run, k.range, hd, coef, kcos, ksin, scores);
+}
+
+void kivi_key_scores_tokens(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params,
+                            const float* q, float scale, float* scores) {
+  if (n <= 0) return;
+  const int64_t hd = k.head_dim;
+  float qsum = 0.f;
+  for (int64_t i = 0; i < hd; ++i) qsum += q[i];
+  const TokenRun run{k.base, k.row_bytes, {k.cap, k.start}, t0, n};
+  if (const KeyTokFn simd = pick_key_tok(k.range, hd))
+    simd(run, params, q, qsum, scale, scores);
+  else
+    key_tok_run_scalar(run, k.range, hd, params, q, qsum, scale, scores);
 }
 
 void kivi_value_sum(const KiviCodes& v, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* p,

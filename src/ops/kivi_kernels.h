@@ -44,6 +44,13 @@ struct KiviCodes {
 void kivi_key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* q,
                      float scale, const float* kcos, const float* ksin, float* scores);
 
+// K quantised per token (k_axis token; keys stored after RoPE, so no turning
+// here): tokens [t0, t0 + n) with per-token parameters `params` indexed by
+// physical row like the codes ([cap]):
+//   scores[j] = scale * (s_t sum_i q_i u_ti + z_t sum_i q_i),  t = t0 + j.
+void kivi_key_scores_tokens(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params,
+                            const float* q, float scale, float* scores);
+
 // V, tokens [t0, t0 + n) with per-token parameters `params` indexed by
 // physical row like the codes ([cap]): out[i] += sum_j p[j] v_{t0+j, i}.
 // Tokens with p[j] == 0 (masked) are skipped.

@@ -128,15 +128,16 @@ CacheSpec parse_kv_cache(const json& obj, const CacheSpec& defaults) {
     const std::string field = named(issue.field), msg = issue.message(named);
     bad(field, msg.rfind(field + " ", 0) == 0 ? "got " + msg.substr(field.size() + 1) : msg);
   };
-  static const std::set<std::string> kText = {"quantize", "quantize_k", "quantize_v", "rope"};
-  static const std::set<std::string> kInteger = {"sink", "window", "kivi_group", "kivi_residual"};
+  // Which fields are strings and which integers: CacheSpec says (one owner).
+  using Kind = CacheSpec::FieldKind;
   for (const auto& [key, v] : obj.items()) {
     if (v.is_null()) continue;  // null = the default
     std::string text;
-    if (kText.count(key) && v.is_string()) text = v.get<std::string>();
-    else if (kInteger.count(key) && v.is_number_integer()) text = v.dump();
-    else if (kText.count(key) || kInteger.count(key))
-      bad(named(key), fmt::format("expected {}, got {}", kText.count(key) ? "a string" : "an integer", v.dump()));
+    const Kind kind = CacheSpec::field_kind(key);
+    if (kind == Kind::Text && v.is_string()) text = v.get<std::string>();
+    else if (kind == Kind::Integer && v.is_number_integer()) text = v.dump();
+    else if (kind != Kind::Unknown)
+      bad(named(key), fmt::format("expected {}, got {}", kind == Kind::Text ? "a string" : "an integer", v.dump()));
     else text = v.dump();  // set() reports the unknown field
     if (auto issue = o.set(key, text)) fail_on(*issue);
   }

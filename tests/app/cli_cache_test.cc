@@ -26,7 +26,7 @@ void expect_error(const std::string& flags, const std::string& needle) {
 }
 
 TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
-  expect_error("--kv-quantize int3", "--kv-quantize: got int3, expected one of fp32, fp16, bf16, int8, int4");
+  expect_error("--kv-quantize int5", "--kv-quantize: got int5, expected one of fp32, fp16, bf16, int8, int4, int3");
   expect_error("--streaming-llm-sink -1 --streaming-llm-window 8", "--streaming-llm-sink: got -1");
   expect_error("--streaming-llm-window -2", "--streaming-llm-window: got -2");
   // Window 0 means unbounded in every command (README), so sinks need a window >= 1.
@@ -36,8 +36,11 @@ TEST(CacheFlags, BadInputIsAnErrorNamingTheFlag) {
   expect_error("--streaming-llm-window x", "--streaming-llm-window: got x, expected an integer >= 0 (0 = unbounded)");
   expect_error("--streaming-llm-rope relative", "--streaming-llm-rope: got relative");
   // Grouped KIVI, int2 and asymmetric K/V flags.
-  expect_error("--kv-quantize INT2", "--kv-quantize: got INT2, expected one of fp32, fp16, bf16, int8, int4, int2");
-  expect_error("--kv-quantize-k int3", "--kv-quantize-k: got int3, expected one of");
+  expect_error("--kv-quantize INT2", "--kv-quantize: got INT2, expected one of fp32, fp16, bf16, int8, int4, int3, int2");
+  expect_error("--kv-quantize-k int5", "--kv-quantize-k: got int5, expected one of");
+  expect_error("--kv-rotate quarot", "--kv-rotate: got quarot, expected none or hadamard");
+  expect_error("--kivi-k-axis row", "--kivi-k-axis: got row, expected channel or token");
+  expect_error("--kivi-residual-dtype int8", "--kivi-residual-dtype: got int8, expected one of fp32, fp16, bf16");
   expect_error("--kv-quantize-v 2bit", "--kv-quantize-v: got 2bit, expected one of");
   expect_error("--kivi-group -1", "--kivi-group: got -1");
   expect_error("--kivi-residual -8", "--kivi-residual: got -8");
@@ -91,14 +94,15 @@ TEST(CacheFlags, CacheTablePrintsMeasuredBytes) {
   EXPECT_EQ(row["tokens"], 500);
   EXPECT_EQ(row["fp32"]["total"], 12288000);
   EXPECT_EQ(row["bf16"]["total"], 6144000);
-  // cache-table uses the default options: grouped KIVI (G 32, R 128), so at
-  // T = 500 the newest 148 tokens are fp32 and 352 quantised (formula in
-  // docs/CACHE.md; issue 4's simple-scheme numbers are checked with
+  // cache-table uses the default options: grouped KIVI (G 32, R 128, fp16
+  // residual), so at T = 500 the newest 148 tokens are fp16 and 352 quantised
+  // (formula in docs/CACHE.md; issue 4's simple-scheme numbers are checked with
   // --kivi-group 0 in CacheBytes.MatchFormulaAndIssueNumbers).
-  EXPECT_EQ(row["int8"]["payload"], 5799936);
-  EXPECT_EQ(row["int4"]["payload"], 4718592);
+  EXPECT_EQ(row["int8"]["payload"], 3981312);
+  EXPECT_EQ(row["int4"]["payload"], 2899968);
   EXPECT_EQ(row["int4"]["scales"], 270336);
-  EXPECT_EQ(row["int2"]["payload"], 4177920);
+  EXPECT_EQ(row["int3"]["payload"], 2629632);
+  EXPECT_EQ(row["int2"]["payload"], 2359296);
   Result bad = run("cache-table --lengths 0,5 2>&1");
   EXPECT_NE(bad.status, 0);
 }

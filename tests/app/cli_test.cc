@@ -141,6 +141,28 @@ TEST(Cli, CacheTableKiviFlags) {
   expect_error("cache-table " + kStories + " --kivi-group -1", "--kivi-group");
 }
 
+// cache-table's planner: a budget that fits some settings lists them (each
+// within the budget); a bad budget or --length without --budget is one line naming the flag.
+TEST(Cli, CacheTablePlanner) {
+  // stories260K at 300 tokens: fp32 needs 384,000 bytes, the KIVI settings less.
+  Result r = run("cache-table " + kStories + " --budget 200KiB --length 300 --json", true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["budget_bytes"], 204800);
+  ASSERT_FALSE(j["fits"].empty()) << r.out;
+  for (const auto& f : j["fits"]) {
+    EXPECT_LE(f["bytes"].get<uint64_t>(), 204800u);
+    EXPECT_NE(f["kv_cache"]["label"], "fp32");
+    EXPECT_TRUE(f["quality"].is_null());
+  }
+  Result none = run("cache-table " + kStories + " --budget 10 --length 300");
+  ASSERT_EQ(none.status, 0) << none.out;
+  EXPECT_NE(none.out.find("nothing fits"), std::string::npos) << none.out;
+  expect_error("cache-table " + kStories + " --budget 64XB --length 300", "--budget 64XB: expected a byte count");
+  expect_error("cache-table " + kStories + " --budget 200KiB", "--length 0: expected a token count >= 1");
+  expect_error("cache-table " + kStories + " --length 300", "--length / --quality: expected with --budget");
+}
+
 TEST(Cli, LogitsWritesSafetensors) {
   const std::string out = std::filesystem::temp_directory_path() / "ptllm_cli_logits.safetensors";
   Result r = run("logits " + kStories + " --ids 1,403,407 --out " + out);

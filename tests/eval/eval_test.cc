@@ -386,7 +386,7 @@ TEST(Sweep, BadKiviValuesNameTheFlag) {
   EXPECT_EQ(sweep_error(f), "--kivi-residual 128: expected a multiple of --kivi-group 3");
   f = {};
   f.kv_quantize_k = "int5";
-  EXPECT_EQ(sweep_error(f), "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2");
+  EXPECT_EQ(sweep_error(f), "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int3, int2");
   f = {};
   f.kv_quantize_v = "int4,";
   EXPECT_NE(sweep_error(f).find("--kv-quantize-v \"int4,\": expected no empty entry"), std::string::npos) << sweep_error(f);
@@ -479,7 +479,7 @@ TEST(Cli, EvalKiviFlagsRejectBadValuesWithOneLine) {
     for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
              {" --kv-quantize int4 --kivi-group 3 --kivi-residual 128",
               "--kivi-residual 128: expected a multiple of --kivi-group 3"},
-             {" --kv-quantize-k int5", "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int2"},
+             {" --kv-quantize-k int5", "--kv-quantize-k int5: expected one of fp32, fp16, bf16, int8, int4, int3, int2"},
              {" --kv-quantize-v int4,bf8", "--kv-quantize-v bf8: expected one of"},
              {" --kivi-group 0,x", "--kivi-group \"0,x\": expected a comma-separated list of integers >= 0"},
              {" --kivi-group 16,32,64 --kivi-residual 64,128",
@@ -517,10 +517,10 @@ TEST(Cli, PerplexityKiviGroupListGivesTwoRows) {
   r = run_cli(base + " --json 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
   const double p_fp32 = nlohmann::json::parse(r.out)["results"][0]["through_cache"]["ppl"];
-  // Agreement to rounding, not bit for bit: the fp32 cache stores keys rotated
-  // at append, the grouped one rotates its (residual, full-precision) keys at
-  // read time, so the float operations differ (measured 1.5e-6 relative).
-  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 1e-5);
+  // Agreement to rounding, not bit for bit: every token is still in the
+  // grouped residual, which is stored as fp16 (the default residual dtype;
+  // measured 1.2e-3 relative on stories260K; 1.5e-6 with an fp32 residual).
+  EXPECT_NEAR(p_grouped / p_fp32, 1.0, 5e-3);
   EXPECT_GT(std::fabs(p_simple / p_fp32 - 1.0), 1e-4);  // while the simple scheme really quantises
   // The markdown table has the same two rows.
   r = run_cli(base + " --kv-quantize int4 --kivi-group 0,32 2>/dev/null");

@@ -36,7 +36,13 @@ TEST(CacheSpec, SetParsesEveryField) {
   EXPECT_FALSE(s.set("rope", "absolute"));
   EXPECT_FALSE(s.set("kivi_group", "16"));
   EXPECT_FALSE(s.set("kivi_residual", "64"));
+  EXPECT_FALSE(s.set("residual_dtype", "bf16"));
+  EXPECT_FALSE(s.set("rotate", "hadamard"));
+  EXPECT_FALSE(s.set("k_axis", "token"));
+  EXPECT_EQ(s.rotate, KVRotate::Hadamard);
+  EXPECT_EQ(s.k_axis, KeyAxis::Token);
   EXPECT_EQ(s.storage, KVStorage::Int4);
+  EXPECT_EQ(s.residual_dtype, KVStorage::BF16);
   EXPECT_EQ(s.k_storage(), KVStorage::Int8);
   EXPECT_EQ(s.v_storage(), KVStorage::Int2);
   EXPECT_EQ(s.sink, 4);
@@ -55,13 +61,23 @@ TEST(CacheSpec, SetReportsFieldValueAndExpected) {
     ASSERT_TRUE(i) << bad;
     EXPECT_EQ(i->field, "quantize_v");
     EXPECT_EQ(i->value, bad);
-    EXPECT_EQ(i->expected, "one of fp32, fp16, bf16, int8, int4, int2");
+    EXPECT_EQ(i->expected, "one of fp32, fp16, bf16, int8, int4, int3, int2");
   }
   auto i = s.set("window", "-2");
   ASSERT_TRUE(i);
   EXPECT_EQ(i->expected, "an integer >= 0 (0 = unbounded)");
   EXPECT_TRUE(s.set("sink", "4x"));
   EXPECT_TRUE(s.set("rope", "relative"));
+  i = s.set("residual_dtype", "int4");  // the residual is what stays unquantised
+  ASSERT_TRUE(i);
+  EXPECT_EQ(i->field, "residual_dtype");
+  EXPECT_EQ(i->expected, "one of fp32, fp16, bf16");
+  i = s.set("rotate", "quarot");
+  ASSERT_TRUE(i);
+  EXPECT_EQ(i->expected, "none or hadamard");
+  i = s.set("k_axis", "row");
+  ASSERT_TRUE(i);
+  EXPECT_EQ(i->expected, "channel or token");
   i = s.set("windw", "3");
   ASSERT_TRUE(i);
   EXPECT_EQ(i->value, "(unknown field)");
@@ -155,8 +171,9 @@ TEST(CacheSpec, JsonHasEveryFieldAndRoundTrips) {
   kv.value_storage = KVStorage::Int2;
   const nlohmann::json j = kv.to_json();
   for (const char* f : {"quantize", "quantize_k", "quantize_v", "sink", "window", "rope", "kivi_group",
-                        "kivi_residual", "bounded", "label", "description"})
+                        "kivi_residual", "residual_dtype", "rotate", "k_axis", "bounded", "label", "description"})
     EXPECT_TRUE(j.contains(f)) << f;
+  EXPECT_EQ(j["residual_dtype"], "fp16");  // the default
   EXPECT_EQ(j["quantize"], "int8");
   EXPECT_EQ(j["quantize_k"], "int8");
   EXPECT_EQ(j["quantize_v"], "int2");
@@ -171,6 +188,7 @@ TEST(CacheSpec, JsonHasEveryFieldAndRoundTrips) {
   EXPECT_TRUE(plain["rope"].is_null());
   EXPECT_TRUE(plain["kivi_group"].is_null());
   EXPECT_TRUE(plain["kivi_residual"].is_null());
+  EXPECT_TRUE(plain["residual_dtype"].is_null());
   EXPECT_EQ(plain["window"], 0);
   EXPECT_EQ(plain["bounded"], false);
   EXPECT_TRUE(spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 0).to_json()["kivi_residual"].is_null());
@@ -178,6 +196,35 @@ TEST(CacheSpec, JsonHasEveryFieldAndRoundTrips) {
   std::vector<CacheSpec> all = {kv, CacheSpec{}, spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 0),
                                 spec(KVStorage::BF16, 0, 64), spec(KVStorage::Int2, 8, 120)};
   for (KVStorage st : kAllStorages) all.push_back(spec(st, 4, 60, RopeMode::Absolute));
+  for (KVStorage rd : {KVStorage::F32, KVStorage::BF16}) {
+    CacheSpec r = spec(KVStorage::Int4, 4, 60);
+    r.residual_dtype = rd;
+    all.push_back(r);
+    // Only a grouped cache has a residual: the simple scheme and fp32 drop it.
+    CacheSpec simple = spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 0);
+    simple.residual_dtype = rd;
+    EXPECT_EQ(simple.canonical().residual_dtype, CacheSpec{}.residual_dtype);
+    EXPECT_TRUE(simple.to_json()["residual_dtype"].is_null());
+    // A non-default residual shows in the label, and json carries it.
+    EXPECT_NE(r.label().find(std::string("res ") + std::string(storage_name(rd))), std::string::npos) << r.label();
+    EXPECT_EQ(r.to_json()["residual_dtype"], storage_name(rd));
+  }
+  {
+    CacheSpec t = spec(KVStorage::Int4, 4, 60);
+    t.k_axis = KeyAxis::Token;
+    t.rotate = KVRotate::Hadamard;
+    all.push_back(t);
+    EXPECT_EQ(t.to_json()["k_axis"], "token");
+    EXPECT_EQ(t.to_json()["rotate"], "hadamard");
+    EXPECT_NE(t.label().find("K per-token hadamard"), std::string::npos) << t.label();
+    EXPECT_NE(t.describe().find("K int4 per-token"), std::string::npos) << t.describe();
+    // Only grouped quantised keys have an axis: fp32 K (V int4) drops it.
+    CacheSpec f = t;
+    f.key_storage = KVStorage::F32;
+    EXPECT_EQ(f.canonical().k_axis, KeyAxis::Channel);
+    EXPECT_TRUE(f.to_json()["k_axis"].is_null());
+    EXPECT_EQ(f.to_json()["rotate"], "hadamard");  // rotation applies to every storage
+  }
   for (const CacheSpec& s : all) EXPECT_EQ(CacheSpec::from_json(s.to_json()), s.canonical()) << s.to_json().dump();
 }
 

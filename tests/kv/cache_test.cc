@@ -116,6 +116,8 @@ struct Tol {
   double rel;
   double top1;
   int64_t group = 0, residual = 0;
+  KVRotate rotate = KVRotate::None;
+  KeyAxis axis = KeyAxis::Channel;
 };
 constexpr Tol kTolerances[] = {
     {KVStorage::F16, 0.01, 0.98},
@@ -124,7 +126,13 @@ constexpr Tol kTolerances[] = {
     {KVStorage::Int4, 0.40, 0.70, 0, 0},
     {KVStorage::Int8, 0.05, 0.95, 8, 16},
     {KVStorage::Int4, 0.40, 0.70, 8, 16},
+    {KVStorage::Int3, 0.20, 0.95, 8, 16},  // measured 0.052 / 0.984
     {KVStorage::Int2, 0.40, 0.90, 8, 16},
+    // rotate hadamard: fp32 storage equals the unrotated cache within fp32
+    // rounding (1e-5 relative); int4 rotated per channel / per token.
+    {KVStorage::F32, 1e-5, 1.0, 0, 0, KVRotate::Hadamard},
+    {KVStorage::Int4, 0.20, 0.95, 8, 16, KVRotate::Hadamard},
+    {KVStorage::Int4, 0.20, 0.95, 8, 16, KVRotate::Hadamard, KeyAxis::Token},
 };
 
 TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
@@ -139,8 +147,10 @@ TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
     double worst = 0;
     int agree = 0, steps = 0;
     for (size_t k = 0; k < refs.size(); ++k) {
-      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())),
-                          opts(tol.s, 0, 0, RopeMode::Reposition, tol.group, tol.residual));
+      CacheSpec o = opts(tol.s, 0, 0, RopeMode::Reposition, tol.group, tol.residual);
+      o.rotate = tol.rotate;
+      o.k_axis = tol.axis;
+      auto c = make_cache(m.cache_shape(int64_t(refs[k].prompt.size() + refs[k].greedy.size())), o);
       auto got = forced_logits(m, *c, refs[k]);
       for (size_t s = 0; s < got.size(); ++s) {
         float mx = 0, diff = 0;
@@ -155,8 +165,10 @@ TEST(StorageCache, ReducedPrecisionStaysCloseToFp32) {
       }
     }
     const double rate = double(agree) / steps;
-    std::printf("%s G %d R %d: worst max|dlogit|/max|logit| = %.5f, top-1 agreement %.3f (%d steps)\n",
-                std::string(storage_name(tol.s)).c_str(), int(tol.group), int(tol.residual), worst, rate, steps);
+    std::printf("%s G %d R %d%s%s: worst max|dlogit|/max|logit| = %.6f, top-1 agreement %.3f (%d steps)\n",
+                std::string(storage_name(tol.s)).c_str(), int(tol.group), int(tol.residual),
+                tol.rotate == KVRotate::Hadamard ? " hadamard" : "", tol.axis == KeyAxis::Token ? " K per-token" : "",
+                worst, rate, steps);
     EXPECT_LE(worst, tol.rel) << storage_name(tol.s);
     EXPECT_GE(rate, tol.top1) << storage_name(tol.s);
   }
@@ -326,6 +338,7 @@ int64_t row_bytes_of(KVStorage st, int64_t D) {
     case KVStorage::F32: return D * 4;
     case KVStorage::Int8: return D;
     case KVStorage::Int4: return (D + 1) / 2;
+    case KVStorage::Int3: return (3 * D + 7) / 8;
     case KVStorage::Int2: return (D + 3) / 4;
     default: return D * 2;
   }
@@ -370,17 +383,49 @@ TEST(CacheBytes, GroupedFormula) {
   s.n_heads = H;
   s.n_kv_heads = H;
   s.head_dim = D;
-  for (KVStorage st : {KVStorage::Int8, KVStorage::Int4, KVStorage::Int2})
-    for (int64_t T : {1, 100, 159, 160, 161, 500, 1024}) {
-      s.capacity = T;
-      auto c = make_cache(s, opts(st, 0, 0, RopeMode::Reposition, G, R));
-      std::vector<float> k(static_cast<size_t>(T * H * D), 0.5f), v(k.size(), -0.25f);
-      for (int64_t l = 0; l < L; ++l) c->append(l, k.data(), v.data(), T);
-      const int64_t r = T < R + G ? T : R + (T - R) % G, Q = T - r;
-      EXPECT_EQ(c->payload_bytes(), size_t(L * H * 2 * (r * D * 4 + Q * row_bytes_of(st, D))))
-          << storage_name(st) << " T=" << T;
-      EXPECT_EQ(c->scale_bytes(), size_t(L * H * ((Q / G) * D * 4 + Q * 4))) << storage_name(st) << " T=" << T;
-    }
+  // The residual (and sinks) cost `e` bytes per element: fp32 4, fp16/bf16 2.
+  for (auto [rd, e] : {std::pair{KVStorage::F32, 4}, {KVStorage::F16, 2}, {KVStorage::BF16, 2}})
+    for (KVStorage st : {KVStorage::Int8, KVStorage::Int4, KVStorage::Int3, KVStorage::Int2})
+      for (int64_t T : {1, 100, 159, 160, 161, 500, 1024}) {
+        s.capacity = T;
+        CacheSpec o = opts(st, 0, 0, RopeMode::Reposition, G, R);
+        o.residual_dtype = rd;
+        auto c = make_cache(s, o);
+        std::vector<float> k(static_cast<size_t>(T * H * D), 0.5f), v(k.size(), -0.25f);
+        for (int64_t l = 0; l < L; ++l) c->append(l, k.data(), v.data(), T);
+        const int64_t r = T < R + G ? T : R + (T - R) % G, Q = T - r;
+        EXPECT_EQ(c->payload_bytes(), size_t(L * H * 2 * (r * D * e + Q * row_bytes_of(st, D))))
+            << storage_name(st) << " T=" << T << " residual " << storage_name(rd);
+        EXPECT_EQ(c->scale_bytes(), size_t(L * H * ((Q / G) * D * 4 + Q * 4))) << storage_name(st) << " T=" << T;
+      }
+}
+
+// Issue 16's bound: the default int4 cache (fp16 residual) at 1,024 stored
+// tokens is at most 0.20 of the fp32 cache's bytes at flagship-27m's head_dim
+// 32 (it was 0.26 with the fp32 residual, which this also checks is > 0.20).
+TEST(CacheBytes, Int4At1024IsAFifthOfFp32) {
+  KVCacheShape s;
+  s.n_layers = 2;
+  s.n_heads = 8;
+  s.n_kv_heads = 8;
+  s.head_dim = 32;
+  s.capacity = 1024;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d;
+  std::vector<float> k(size_t(1024 * 8 * 32)), v(k.size());
+  for (auto& x : k) x = d(rng);
+  for (auto& x : v) x = d(rng);
+  const auto bytes = [&](const CacheSpec& o) {
+    auto c = make_cache(s, o);
+    for (int64_t l = 0; l < 2; ++l) c->append(l, k.data(), v.data(), 1024);
+    return double(c->payload_bytes() + c->scale_bytes());
+  };
+  CacheSpec fp32, int4, int4_f32res;
+  int4.storage = int4_f32res.storage = KVStorage::Int4;
+  int4_f32res.residual_dtype = KVStorage::F32;
+  const double ratio = bytes(int4) / bytes(fp32);
+  EXPECT_LE(ratio, 0.20);
+  EXPECT_GT(bytes(int4_f32res) / bytes(fp32), 0.20);
 }
 
 // CacheSpec parsing, validation and JSON: cache_spec_test.cc.

@@ -7,6 +7,8 @@
 //     window: N windows of 512 tokens, token by token through the cache
 //     stream: the first N tokens of each file through the cache
 //     K, V: fp32|fp16|bf16|int8|int4|int2; SINK/WINDOW 0 0 = unbounded
+//     FILE arguments of the form field=value (a CacheSpec JSON field, e.g.
+//     residual_dtype=fp32) set that field instead.
 #include <fmt/core.h>
 
 #include <cstdlib>
@@ -29,8 +31,17 @@ int main(int argc, char** argv) try {
   const char* fields[] = {"quantize_k", "quantize_v", "kivi_group", "kivi_residual", "sink", "window"};
   for (int i = 0; i < 6; ++i)
     if (auto issue = o.set(fields[i], argv[4 + i])) throw CacheSpecError(*issue);
+  std::vector<std::string> files;
+  for (int i = 10; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos || a.find('/') < eq) {
+      files.push_back(a);
+    } else if (auto issue = o.set(a.substr(0, eq), a.substr(eq + 1))) {
+      throw CacheSpecError(*issue);
+    }
+  }
   o.check();
-  std::vector<std::string> files(argv + 10, argv + argc);
   LoadedModel lm = load_model(argv[1]);
   const int32_t eos = lm.eos_ids.empty() ? -1 : lm.eos_ids[0];
   auto inputs = eval::tokenize_files(files, *lm.tokenizer, lm.bos_id, eos);

@@ -37,19 +37,25 @@ std::vector<ops::SimdLevel> levels() {
 }
 
 // Packs codes as kivi_format.h states: int4 element 2j in the low nibble of
-// byte j, int2 element 4j+k in bits 2k..2k+1.
+// byte j, int2 element 4j+k in bits 2k..2k+1, int3 element i in bits
+// 3i..3i+2 of the row read as one little-endian bit stream (bit by bit here).
 void pack(const uint8_t* u, int64_t n, int bits, uint8_t* dst) {
   const size_t nb = kivi::row_bytes(n, QuantRange{0, 0, bits});
   for (size_t j = 0; j < nb; ++j) dst[j] = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (bits == 8) dst[i] = u[i];
     else if (bits == 4) dst[i / 2] = uint8_t(dst[i / 2] | (u[i] << (4 * (i & 1))));
+    else if (bits == 3)
+      for (int k = 0; k < 3; ++k) {
+        const int64_t bit = 3 * i + k;
+        if ((u[i] >> k) & 1) dst[bit / 8] = uint8_t(dst[bit / 8] | (1 << (bit % 8)));
+      }
     else dst[i / 4] = uint8_t(dst[i / 4] | (u[i] << (2 * (i & 3))));
   }
 }
 
 QuantRange range_of(int bits) {
-  return bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : kivi::kInt2Range;
+  return bits == 8 ? kivi::kInt8Range : bits == 4 ? kivi::kInt4Range : bits == 3 ? kivi::kInt3Range : kivi::kInt2Range;
 }
 
 // cap code rows of `hd` random codes, the unpacked codes kept for the reference.
@@ -125,7 +131,7 @@ const int64_t kHeadDims[] = {16, 24, 32, 64, 128, 256};
 
 TEST(KiviKernels, KeyScoresMatchDequantisedRotatedDotAtEveryLevel) {
   LevelGuard guard;
-  for (int bits : {8, 4, 2})
+  for (int bits : {8, 4, 3, 2})
     for (int64_t hd : kHeadDims) {
       const int64_t cap = 40, start = 29, t0 = 5, n = 17;  // tokens 5..21 wrap past row 39
       const CodeRing ring(bits, hd, cap, uint64_t(bits * 1000 + hd));
@@ -163,7 +169,7 @@ TEST(KiviKernels, KeyScoresMatchDequantisedRotatedDotAtEveryLevel) {
 
 TEST(KiviKernels, ValueSumMatchesDequantisedSumAtEveryLevel) {
   LevelGuard guard;
-  for (int bits : {8, 4, 2})
+  for (int bits : {8, 4, 3, 2})
     for (int64_t hd : kHeadDims) {
       const int64_t cap = 37, start = 30, t0 = 2, n = 21;
       const CodeRing ring(bits, hd, cap, uint64_t(bits * 77 + hd));
@@ -198,6 +204,41 @@ TEST(KiviKernels, ValueSumMatchesDequantisedSumAtEveryLevel) {
               << "int" << bits << " hd " << hd << " channel " << i << " " << ops::simd_level_name(l);
           ASSERT_NEAR(got[size_t(i)], at_scalar[size_t(i)], tol) << "vs scalar, " << ops::simd_level_name(l);
         }
+      }
+    }
+}
+
+// Per-token keys (k_axis token, stored after RoPE, no turning):
+// scores[j] = scale * q . (s_t u_t + z_t) against a double-precision
+// dequantise-then-dot, at every level, in a ring that wraps; tolerance 1e-5 of
+// the sum of |terms| (fp32 accumulation order differs between levels).
+TEST(KiviKernels, PerTokenKeyScoresMatchDequantisedDotAtEveryLevel) {
+  LevelGuard guard;
+  for (int bits : {8, 4, 3, 2})
+    for (int64_t hd : kHeadDims) {
+      const int64_t cap = 41, start = 33, t0 = 3, n = 25;
+      const CodeRing ring(bits, hd, cap, uint64_t(bits * 91 + hd));
+      const auto params = random_params(size_t(cap), uint64_t(hd) + 17);
+      const auto q = uniform(size_t(hd), 21);
+      const double scale = 0.125;
+      std::vector<double> ref(static_cast<size_t>(n)), mag(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t row = (start + t0 + j) % cap;
+        const double sc = params[size_t(row)].scale.widen(), z = params[size_t(row)].zero.widen();
+        for (int64_t i = 0; i < hd; ++i) {
+          const double k = double(ring.u[size_t(row * hd + i)]) * sc + z;
+          ref[size_t(j)] += scale * q[size_t(i)] * k;
+          mag[size_t(j)] += scale * std::fabs(q[size_t(i)]) * (std::fabs(double(ring.u[size_t(row * hd + i)]) * sc) +
+                                                              std::fabs(z));
+        }
+      }
+      for (ops::SimdLevel l : levels()) {
+        ops::set_simd_level(l);
+        std::vector<float> got(static_cast<size_t>(n), 7.f);
+        ops::kivi_key_scores_tokens(ring.view(start), t0, n, params.data(), q.data(), float(scale), got.data());
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_NEAR(got[size_t(j)], ref[size_t(j)], 1e-5 * mag[size_t(j)] + 1e-6)
+              << "int" << bits << " hd " << hd << " token " << j << " " << ops::simd_level_name(l);
       }
     }
 }

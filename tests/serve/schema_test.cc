@@ -55,7 +55,7 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
       {R"({"prompt": "a", "kv_cache": "int4"})", "kv_cache"},
       {R"({"prompt": "a", "kv_cache": {"foo": 1}})", "kv_cache.foo"},
-      {R"({"prompt": "a", "kv_cache": {"quantize": "int3"}})", "kv_cache.quantize"},
+      {R"({"prompt": "a", "kv_cache": {"quantize": "int5"}})", "kv_cache.quantize"},
       {R"({"prompt": "a", "kv_cache": {"quantize_k": 4}})", "kv_cache.quantize_k"},
       {R"({"prompt": "a", "kv_cache": {"quantize_v": "q4"}})", "kv_cache.quantize_v"},
       {R"({"prompt": "a", "kv_cache": {"sink": -1, "window": 8}})", "kv_cache.sink"},
@@ -63,6 +63,9 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "kv_cache": {"rope": "alibi"}})", "kv_cache.rope"},
       {R"({"prompt": "a", "kv_cache": {"kivi_group": 1.5}})", "kv_cache.kivi_group"},
       {R"({"prompt": "a", "kv_cache": {"kivi_residual": -4}})", "kv_cache.kivi_residual"},
+      {R"({"prompt": "a", "kv_cache": {"residual_dtype": 16}})", "kv_cache.residual_dtype"},
+      {R"({"prompt": "a", "kv_cache": {"rotate": "quarot"}})", "kv_cache.rotate"},
+      {R"({"prompt": "a", "kv_cache": {"k_axis": true}})", "kv_cache.k_axis"},
       // Cross-field: sinks without a window, a residual not a multiple of the group.
       {R"({"prompt": "a", "kv_cache": {"sink": 4}})", "kv_cache.sink"},
       {R"({"prompt": "a", "kv_cache": {"quantize": "int4", "kivi_group": 32, "kivi_residual": 40}})",
@@ -121,6 +124,12 @@ TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
   EXPECT_EQ(o.v_storage(), KVStorage::Int2);
   EXPECT_EQ(o.sink, 4);
   EXPECT_EQ(o.window, 60);
+  // The string fields CacheSpec added (issue 16) come through by CacheSpec::field_kind.
+  const CacheSpec r = parse_kv_cache(json{{"residual_dtype", "bf16"}, {"rotate", "hadamard"}, {"k_axis", "token"}},
+                                     defaults);
+  EXPECT_EQ(r.residual_dtype, KVStorage::BF16);
+  EXPECT_EQ(r.rotate, KVRotate::Hadamard);
+  EXPECT_EQ(r.k_axis, KeyAxis::Token);
   const CacheSpec u = parse_kv_cache(json{{"sink", 0}, {"window", 0}}, defaults);
   EXPECT_FALSE(u.streaming());
 }
