@@ -11,6 +11,7 @@
 #include "app/cache_flags.h"
 #include "app/commands.h"
 #include "core/error.h"
+#include "engine/process.h"
 
 namespace {
 // libgomp spin-waits between parallel regions, and reads its wait policy once,
@@ -23,7 +24,12 @@ namespace {
 // tasks runnable right now (the 4th field of /proc/loadavg, less ourselves),
 // not the 1-minute average: that one still counts our own previous run, so
 // back-to-back runs on an idle machine would have gone passive (7x slower).
+// Elsewhere (macOS: no /proc/loadavg, and the OpenMP there is LLVM's libomp,
+// which spins only KMP_BLOCKTIME = 200 ms before sleeping) the default stays.
 void choose_omp_wait_policy(char** argv) {
+#if !defined(__linux__)
+  return;
+#endif
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
   // Three readings 5 ms apart, the smallest kept: a single reading catches
   // short-lived tasks (a shell, a kernel thread) as often as real load.
@@ -42,7 +48,8 @@ void choose_omp_wait_policy(char** argv) {
   const long others = running - 1;  // the count includes this process
   if (cores <= 0 || double(others) < 0.75 * double(cores)) return;
   ::setenv("OMP_WAIT_POLICY", "passive", 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+  const std::string exe = ptllm::self_exe_path();
+  if (!exe.empty()) ::execv(exe.c_str(), argv);  // returns only on failure: then run as we are
 }
 }  // namespace
 

@@ -6,7 +6,9 @@
 // Shapes are flagship-27m's: hidden 256, ffn 768, vocab 32000, 8 heads x 32.
 // "bytes_per_second" is weight (or cache) bytes read per second.
 #include <benchmark/benchmark.h>
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <cmath>
@@ -280,6 +282,7 @@ std::vector<float>& buffer(size_t bytes, int which) {
   return b;
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) float read_sum(const float* p, size_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
@@ -293,6 +296,18 @@ __attribute__((target("avx512f"))) float read_sum(const float* p, size_t n) {
   for (; i < n; ++i) s += p[i];
   return s;
 }
+#else
+// Elsewhere: four independent sums the compiler vectorises (NEON on arm64).
+float read_sum(const float* p, size_t n) {
+  float a[4] = {};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) a[j] += p[i + j];
+  float s = a[0] + a[1] + a[2] + a[3];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+#endif
 
 void BM_ReadBandwidth(benchmark::State& st) {
   const size_t bytes = size_t(st.range(0));

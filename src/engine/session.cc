@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "engine/process.h"
 #include "io/mmap.h"
 #include "model/gguf_model.h"
 #include "tokenizer/gguf_file.h"
@@ -20,7 +21,7 @@ std::string default_model_path() {
   if (const char* env = std::getenv("PTLLM_MODEL")) return env;
   // The executable lives in <repo>/build/...; the bundled model in <repo>/models.
   std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path exe = self_exe_path();
   for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
     fs::path cand = dir / "models" / "flagship-27m.tinygpt";
     if (fs::is_regular_file(cand, ec)) return cand.string();

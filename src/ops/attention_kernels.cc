@@ -2,11 +2,11 @@
 // stored rotated, or pre-RoPE keys turned by a per-slot cos/sin table) and the
 // softmax-weighted sum of value rows. Scalar references; AVX2 / AVX-512
 // variants for the head_dims models use (others take the reference).
-#include <immintrin.h>
-
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+#if PTLLM_X86
 #include "ops/simd_util.h"
+#endif
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -16,7 +16,6 @@
 namespace ptllm::ops {
 namespace {
 
-using detail::hsum8;
 using detail::pick;
 
 // ---------- scalar references ----------
@@ -45,6 +44,13 @@ void rot_rows_scalar(const float* q, const float* k, int64_t n, int64_t hd, cons
     scores[t] = scale * acc;
   }
 }
+
+using DotRowsFn = void (*)(const float*, const float*, int64_t, float, float*);
+using WeightedSumFn = void (*)(const float*, const float*, int64_t, float*);
+using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, const float*, float, float*);
+
+#if PTLLM_X86
+using detail::hsum8;
 
 // ---------- AVX-512: dot_rows, weighted_sum_rows ----------
 #pragma GCC push_options
@@ -176,10 +182,6 @@ __attribute__((target("avx2,fma"))) void rot_rows_avx2(const float* q, const flo
   }
 }
 
-using DotRowsFn = void (*)(const float*, const float*, int64_t, float, float*);
-using WeightedSumFn = void (*)(const float*, const float*, int64_t, float*);
-using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, const float*, float, float*);
-
 DotRowsFn dot_rows_avx512_for(int64_t hd) {
   switch (hd) {
     case 16: return dot_rows_avx512<1>;
@@ -215,6 +217,12 @@ RotRowsFn rot_rows_avx2_for(int64_t half) {
     default: return nullptr;
   }
 }
+#else
+DotRowsFn dot_rows_avx512_for(int64_t) { return nullptr; }
+WeightedSumFn weighted_sum_avx512_for(int64_t) { return nullptr; }
+RotRowsFn rot_rows_avx512_for(int64_t) { return nullptr; }
+RotRowsFn rot_rows_avx2_for(int64_t) { return nullptr; }
+#endif  // PTLLM_X86
 
 }  // namespace
 

@@ -1,13 +1,16 @@
 // Elementwise and per-row kernels: RMSNorm, SiLU·mul, softmax, axpy. Scalar
 // references and AVX-512 variants (a vector e^x for softmax and SiLU).
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "ops/dispatch.h"
+#include "ops/neon_kernels.h"
 #include "ops/ops.h"
+
+#if PTLLM_X86
+#include <immintrin.h>
+#endif
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -42,6 +45,7 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+#if PTLLM_X86
 #pragma GCC push_options
 #pragma GCC target("avx512f,fma,f16c")
 
@@ -115,27 +119,38 @@ void axpy_avx512(float a, const float* x, float* y, int64_t n) {
 }
 
 #pragma GCC pop_options
+#endif  // PTLLM_X86
 
+}  // namespace
+
+namespace {
+// One row: sum of squares in double, then x * inv * w in fp32.
+void rmsnorm_row_scalar(const float* xr, const float* w, double eps, int64_t dim, float* o) {
+  double ss = 0;
+  for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+  const float inv = float(1.0 / std::sqrt(ss / double(dim) + eps));
+  for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[i];
+}
 }  // namespace
 
 void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, int64_t dim, float* out) {
   thread_local std::vector<float> w;
   w.resize(static_cast<size_t>(dim));
   to_f32(weight.data, weight.dtype, w.data(), dim);
-  for (int64_t t = 0; t < n; ++t) {
-    const float* xr = x + t * dim;
-    double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-    const float inv = float(1.0 / std::sqrt(ss / double(dim) + eps));
-    float* o = out + t * dim;
-    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * w[size_t(i)];
-  }
+  const auto row = pick(rmsnorm_row_scalar, nullptr, nullptr, PTLLM_NEON_FN(neon::rmsnorm_row));
+  for (int64_t t = 0; t < n; ++t) row(x + t * dim, w.data(), eps, dim, out + t * dim);
 }
 
-void silu_mul(float* gate, const float* up, int64_t n) { pick(silu_mul_scalar, nullptr, silu_mul_avx512)(gate, up, n); }
+void silu_mul(float* gate, const float* up, int64_t n) {
+  pick(silu_mul_scalar, nullptr, PTLLM_X86_FN(silu_mul_avx512), PTLLM_NEON_FN(neon::silu_mul))(gate, up, n);
+}
 
-void softmax(float* x, int64_t n) { pick(softmax_scalar, nullptr, softmax_avx512)(x, n); }
+void softmax(float* x, int64_t n) {
+  pick(softmax_scalar, nullptr, PTLLM_X86_FN(softmax_avx512), PTLLM_NEON_FN(neon::softmax))(x, n);
+}
 
-void axpy(float a, const float* x, float* y, int64_t n) { pick(axpy_scalar, nullptr, axpy_avx512)(a, x, y, n); }
+void axpy(float a, const float* x, float* y, int64_t n) {
+  pick(axpy_scalar, nullptr, PTLLM_X86_FN(axpy_avx512), PTLLM_NEON_FN(neon::axpy))(a, x, y, n);
+}
 
 }  // namespace ptllm::ops

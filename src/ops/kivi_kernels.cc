@@ -3,13 +3,16 @@
 // references, AVX2 and AVX-512 variants, chosen by pick() (dispatch.h).
 #include "ops/kivi_kernels.h"
 
-#include <immintrin.h>
-
 #include <cstring>
 
 #include "ops/dispatch.h"
+#include "ops/neon_kernels.h"
 #include "ops/rope.h"
+#if PTLLM_X86
+#include <immintrin.h>
+
 #include "ops/simd_util.h"
+#endif
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -19,7 +22,6 @@
 namespace ptllm::ops {
 namespace {
 
-using detail::hsum8;
 using detail::pick;
 
 constexpr int64_t kHalfMax = kMaxHeadDim / 2;
@@ -44,6 +46,7 @@ void fold_group(const float* q, const kivi::AffineParams* p, int64_t half, float
   }
 }
 
+#if PTLLM_X86
 // The same with the fp16 parameters widened by F16C (one instruction each
 // instead of the portable bit manipulation): used with the SIMD kernels.
 __attribute__((target("avx2,fma,f16c"))) void fold_group_f16c(const float* q, const kivi::AffineParams* p,
@@ -60,6 +63,11 @@ __attribute__((target("avx2,fma,f16c"))) void fold_group_f16c(const float* q, co
     c.C2[i] = qh * lz - ql * hz;
   }
 }
+#else
+void fold_group_f16c(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c) {
+  fold_group(q, p, half, scale, c);
+}
+#endif
 // Position in a ring of code rows (cap rows, oldest at `start`).
 struct RingPos {
   int64_t cap = 0, start = 0;
@@ -126,6 +134,8 @@ void key_tok_run_scalar(const TokenRun& run, kivi::QuantRange r, int64_t hd, con
     scores[j] = scale * (w.scale * acc + w.zero * qsum);
   }
 }
+#if PTLLM_X86
+using detail::hsum8;
 
 // ---- SIMD: 16 codes of a row as bytes, elements [16 b, 16 b + 16) ----
 
@@ -325,12 +335,13 @@ __attribute__((target("avx2,fma,f16c"))) void key_tok_run_avx2(const TokenRun& r
   }
 }
 
+#endif  // PTLLM_X86
 // ---- dispatch: the variant for (bits, head_dim) at the current level ----
 
 using KeyRunFn = void (*)(const TokenRun&, const KeyCoef&, const float*, const float*, float*);
 using ValueRunFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float*, float&);
-
 using KeyTokFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float, float, float*);
+#if PTLLM_X86
 
 // Null when there is no variant of that ISA for this size.
 template <int BITS, bool A512>
@@ -365,9 +376,14 @@ KeyTokFn key_tok_variant(int64_t hd) {
     default: return nullptr;
   }
 }
+#endif  // PTLLM_X86
 template <int BITS>
-KeyTokFn pick_key_tok_bits(int64_t hd) {
+KeyTokFn pick_key_tok_bits([[maybe_unused]] int64_t hd) {
+#if !PTLLM_X86
+  return nullptr;
+#else
   return pick<KeyTokFn>(nullptr, key_tok_variant<BITS, false>(hd), key_tok_variant<BITS, true>(hd));
+#endif
 }
 KeyTokFn pick_key_tok(kivi::QuantRange r, int64_t hd) {
   switch (r.bits) {
@@ -377,13 +393,22 @@ KeyTokFn pick_key_tok(kivi::QuantRange r, int64_t hd) {
     default: return pick_key_tok_bits<2>(hd);
   }
 }
+
 template <int BITS>
 KeyRunFn pick_key_bits(int64_t half) {
+#if !PTLLM_X86
+  return nullptr;
+#else
   return pick<KeyRunFn>(nullptr, key_variant<BITS, false>(half), key_variant<BITS, true>(half));
+#endif
 }
 template <int BITS>
 ValueRunFn pick_value_bits(int64_t hd) {
+#if !PTLLM_X86
+  return nullptr;
+#else
   return pick<ValueRunFn>(nullptr, value_variant<BITS, false>(hd), value_variant<BITS, true>(hd));
+#endif
 }
 // Null: the scalar reference.
 KeyRunFn pick_key(kivi::QuantRange r, int64_t half) {
@@ -408,6 +433,10 @@ ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) {
 void kivi_key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* q,
                      float scale, const float* kcos, const float* ksin, float* scores) {
   if (n <= 0) return;
+#if PTLLM_NEON
+  if (const auto f = pick<neon::KiviKeyFn>(nullptr, nullptr, nullptr, neon::kivi_key_for(k.range.bits, k.head_dim)))
+    return f(k, t0, n, params, q, scale, kcos, ksin, scores);
+#endif
   const int64_t hd = k.head_dim, half = hd / 2;
   const KeyRunFn simd = pick_key(k.range, half);
   KeyCoef coef;
@@ -438,6 +467,10 @@ void kivi_key_scores_tokens(const KiviCodes& k, int64_t t0, int64_t n, const kiv
 void kivi_value_sum(const KiviCodes& v, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* p,
                     float* out) {
   if (n <= 0) return;
+#if PTLLM_NEON
+  if (const auto f = pick<neon::KiviValueFn>(nullptr, nullptr, nullptr, neon::kivi_value_for(v.range.bits, v.head_dim)))
+    return f(v, t0, n, params, p, out);
+#endif
   const int64_t hd = v.head_dim;
   alignas(64) float acc[kMaxHeadDim] = {};
   float bias = 0.f;

@@ -2,7 +2,6 @@
 // generic path (dot_row per weight row: scalar or AVX2 dots) is the reference;
 // at AVX-512 a 4-row matvec (decode) and a packed-panel blocked matmul
 // (prefill) replace it.
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +11,10 @@
 #include "ops/quant.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#if PTLLM_X86
+#include <immintrin.h>
+#endif
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -58,6 +61,11 @@ void matmul_generic(const TensorView& w, const float* x, int64_t n_tokens, float
   }
 }
 
+// Prefill panel: kNR weight rows, a tile of kMR tokens (see gemm_panel).
+constexpr int kNR = 32;
+constexpr int kMR = 8;
+
+#if PTLLM_X86
 // ---------- AVX-512 kernels for matmul ----------
 #pragma GCC push_options
 #pragma GCC target("avx512f,fma,f16c")
@@ -131,8 +139,6 @@ void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView
 // Prefill: a blocked matmul. A panel of kNR weight rows is widened to fp32
 // once, stored k-major ([in, kNR]) so one k step is two vector loads, and
 // reused by every token; a kMR x kNR tile of outputs lives in 16 registers.
-constexpr int kNR = 32;
-constexpr int kMR = 8;
 
 // panel[k * kNR + j] = W[o0 + j, k]; columns j >= nr are zero.
 template <DType D>
@@ -228,6 +234,17 @@ void gemm_panel_any(const TensorView& w, const float* x, int64_t n, float* y, co
     default: return gemm_panel<DType::F16>(w, x, n, y, bias, o0, panel);
   }
 }
+#else
+// No blocked kernels on this architecture: every call takes matmul_generic
+// (per-row dots, NEON on arm64), so these are never reached.
+bool fast_matmul(const TensorView&) { return false; }
+void matvec_rows_any(const TensorView&, const float*, float*, const TensorView*, int64_t, int64_t) {
+  fail("matmul: no blocked matvec on this architecture");
+}
+void gemm_panel_any(const TensorView&, const float*, int64_t, float*, const TensorView*, int64_t, float*) {
+  fail("matmul: no blocked gemm on this architecture");
+}
+#endif  // PTLLM_X86
 
 // Per-thread panel scratch, grown on demand and kept between calls.
 float* panel_scratch(int64_t in) {

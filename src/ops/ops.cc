@@ -3,14 +3,24 @@
 // fp32. Each has a scalar reference and AVX2 / AVX-512 variants (dispatch.h).
 #include "ops/ops.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "ops/neon_kernels.h"
 #include "ops/quant.h"
+
+#if PTLLM_X86
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
 // GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
 // once inlined; the warnings are about the headers, not this file.
@@ -36,6 +46,7 @@ float dot_f16_scalar(const uint16_t* w, const float* x, int64_t n) {
   return s;
 }
 
+#if PTLLM_X86
 // ---------- AVX2 + FMA + F16C ----------
 __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -127,22 +138,69 @@ __attribute__((target("avx512f"))) float dot_f16_avx512(const uint16_t* w, const
   return s;
 }
 
+#endif  // PTLLM_X86
+
 // fp16 -> fp32 (fp16 K/V read back every step, fp16 weights and norms).
 void widen_f16_scalar(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
+#if PTLLM_X86
 __attribute__((target("avx,f16c"))) void widen_f16_f16c(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   widen_f16_scalar(src + i, dst + i, n - i);
 }
+#endif
+
+// What the CPU offers, read once.
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false, avx512f = false;  // x86
+  bool neon = false, dotprod = false, i8mm = false, bf16 = false;  // arm64
+};
+#if defined(__APPLE__) && defined(__aarch64__)
+bool sysctl_flag(const char* name) {
+  int v = 0;
+  size_t len = sizeof(v);
+  return ::sysctlbyname(name, &v, &len, nullptr, 0) == 0 && v != 0;
+}
+#endif
+CpuFeatures read_features() {
+  CpuFeatures f;
+#if PTLLM_X86
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.f16c = __builtin_cpu_supports("f16c");
+  f.avx512f = __builtin_cpu_supports("avx512f");
+#elif defined(__aarch64__)
+  f.neon = true;  // ASIMD is mandatory in AArch64
+#if defined(__linux__)
+  // Bits of the Linux arm64 hwcaps ABI (asm/hwcap.h): HWCAP_ASIMDDP = 1 << 20,
+  // HWCAP2_I8MM = 1 << 13, HWCAP2_BF16 = 1 << 14.
+  const unsigned long hw = ::getauxval(AT_HWCAP), hw2 = ::getauxval(AT_HWCAP2);
+  f.dotprod = (hw >> 20) & 1;
+  f.i8mm = (hw2 >> 13) & 1;
+  f.bf16 = (hw2 >> 14) & 1;
+#elif defined(__APPLE__)
+  f.dotprod = sysctl_flag("hw.optional.arm.FEAT_DotProd");
+  f.i8mm = sysctl_flag("hw.optional.arm.FEAT_I8MM");
+  f.bf16 = sysctl_flag("hw.optional.arm.FEAT_BF16");
+#endif
+#endif
+  return f;
+}
+const CpuFeatures& features() {
+  static const CpuFeatures f = read_features();
+  return f;
+}
 
 SimdLevel detect() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return SimdLevel::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return SimdLevel::Avx2;
+  const CpuFeatures& f = features();
+  if (f.avx512f) return SimdLevel::Avx512;
+  if (f.avx2 && f.fma && f.f16c) return SimdLevel::Avx2;
+  if (f.neon && f.dotprod) return SimdLevel::NeonDotprod;
+  if (f.neon) return SimdLevel::Neon;
   return SimdLevel::Scalar;
 }
 
@@ -163,8 +221,14 @@ struct RowKernels {
   void (*widen_f16)(const uint16_t*, float*, int64_t);
 };
 RowKernels pick_row_kernels() {
-  return {pick(dot_f32_scalar, dot_f32_avx2, dot_f32_avx512), pick(dot_bf16_scalar, dot_bf16_avx2, dot_bf16_avx512),
-          pick(dot_f16_scalar, dot_f16_avx2, dot_f16_avx512), pick(widen_f16_scalar, widen_f16_f16c, widen_f16_f16c)};
+  return {pick(dot_f32_scalar, PTLLM_X86_FN(dot_f32_avx2), PTLLM_X86_FN(dot_f32_avx512),
+               PTLLM_NEON_FN(neon::dot_f32)),
+          pick(dot_bf16_scalar, PTLLM_X86_FN(dot_bf16_avx2), PTLLM_X86_FN(dot_bf16_avx512),
+               PTLLM_NEON_FN(neon::dot_bf16)),
+          pick(dot_f16_scalar, PTLLM_X86_FN(dot_f16_avx2), PTLLM_X86_FN(dot_f16_avx512),
+               PTLLM_NEON_FN(neon::dot_f16)),
+          pick(widen_f16_scalar, PTLLM_X86_FN(widen_f16_f16c), PTLLM_X86_FN(widen_f16_f16c),
+               PTLLM_NEON_FN(neon::widen_f16))};
 }
 RowKernels g_k = pick_row_kernels();
 int g_threads = 0;
@@ -176,9 +240,20 @@ SimdLevel best_simd_level() {
   return best;
 }
 SimdLevel simd_level() { return detail::g_level; }
+std::vector<SimdLevel> available_simd_levels() {
+  const CpuFeatures& f = features();
+  std::vector<SimdLevel> v{SimdLevel::Scalar};
+  if (f.avx2 && f.fma && f.f16c) v.push_back(SimdLevel::Avx2);
+  if (f.avx2 && f.fma && f.f16c && f.avx512f) v.push_back(SimdLevel::Avx512);
+  if (f.neon) v.push_back(SimdLevel::Neon);
+  if (f.neon && f.dotprod) v.push_back(SimdLevel::NeonDotprod);
+  return v;
+}
 void set_simd_level(SimdLevel level) {
-  if (int(level) > int(best_simd_level())) level = best_simd_level();
-  detail::g_level = level;
+  SimdLevel use = SimdLevel::Scalar;
+  for (SimdLevel l : available_simd_levels())
+    if (int(l) <= int(level)) use = l;
+  detail::g_level = use;
   g_k = pick_row_kernels();
 }
 std::string_view simd_level_name(SimdLevel level) {
@@ -186,8 +261,28 @@ std::string_view simd_level_name(SimdLevel level) {
     case SimdLevel::Scalar: return "scalar";
     case SimdLevel::Avx2: return "avx2";
     case SimdLevel::Avx512: return "avx512";
+    case SimdLevel::Neon: return "neon";
+    case SimdLevel::NeonDotprod: return "neon-dotprod";
   }
   return "?";
+}
+std::string cpu_features() {
+  const CpuFeatures& f = features();
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx512f, "avx512f");
+  add(f.neon, "neon");
+  add(f.dotprod, "dotprod");
+  add(f.i8mm, "i8mm");
+  add(f.bf16, "bf16");
+  return s.empty() ? "none" : s;
 }
 
 void set_num_threads(int n) {

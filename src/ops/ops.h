@@ -7,17 +7,30 @@
 // weighted_sum_rows), kivi_kernels.h (attention on packed KIVI codes), rope.h.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 
 namespace ptllm::ops {
 
-enum class SimdLevel { Scalar, Avx2, Avx512 };
+// x86-64: Scalar < Avx2 (AVX2+FMA+F16C) < Avx512 (AVX-512F). arm64: Scalar <
+// Neon (ASIMD, baseline on every arm64 CPU) < NeonDotprod (+ the SDOT/UDOT
+// int8 dot product, armv8.2 `asimddp`: Graviton 2+, Apple M1+).
+enum class SimdLevel { Scalar, Avx2, Avx512, Neon, NeonDotprod };
 SimdLevel best_simd_level();          // what this CPU supports
 SimdLevel simd_level();               // what is in use
-void set_simd_level(SimdLevel level);  // clamps to best_simd_level()
+// Clamps to what the CPU runs: the highest available level not above `level`
+// in the enum's order (so an x86 level on arm64 means Scalar).
+void set_simd_level(SimdLevel level);
 std::string_view simd_level_name(SimdLevel level);
+// Every level this CPU runs, Scalar first, in increasing order (tests compare
+// each one with the scalar reference).
+std::vector<SimdLevel> available_simd_levels();
+// The CPU's SIMD features in words, e.g. "avx2 fma f16c" or "neon dotprod
+// i8mm bf16" (from getauxval(AT_HWCAP*) on Linux, sysctl on macOS).
+std::string cpu_features();
 
 // Threads used by parallel kernels (OpenMP). 0 = all cores.
 void set_num_threads(int n);

@@ -101,6 +101,9 @@ inline int kernel_index(DType t) { return int(t) - int(DType::Q8_0); }
 const Kernels& kernels_scalar();
 const Kernels& kernels_avx2();
 const Kernels& kernels_avx512();  // AVX-512 VNNI (with VL/BW); AVX2 if the CPU lacks them
+// arm64 (quant_neon.cc): ASIMD widening multiplies, and SDOT (armv8.2 dotprod).
+const Kernels& kernels_neon();
+const Kernels& kernels_neon_dotprod();
 // The table for the current ops::simd_level().
 const Kernels& kernels();
 

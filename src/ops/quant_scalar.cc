@@ -146,6 +146,9 @@ constexpr Kernels kScalar{quantize_act, {
 
 const Kernels& kernels_scalar() { return kScalar; }
 
-const Kernels& kernels() { return *detail::pick<const Kernels*>(&kScalar, &kernels_avx2(), &kernels_avx512()); }
+const Kernels& kernels() {
+  return *detail::pick<const Kernels*>(&kScalar, PTLLM_X86_FN(&kernels_avx2()), PTLLM_X86_FN(&kernels_avx512()),
+                                       PTLLM_NEON_FN(&kernels_neon()), PTLLM_NEON_FN(&kernels_neon_dotprod()));
+}
 
 }  // namespace ptllm::ops::q

@@ -29,12 +29,7 @@ struct LevelGuard {
 };
 
 // Every level up to what this CPU has.
-std::vector<ops::SimdLevel> levels() {
-  std::vector<ops::SimdLevel> l;
-  for (ops::SimdLevel s : {ops::SimdLevel::Scalar, ops::SimdLevel::Avx2, ops::SimdLevel::Avx512})
-    if (int(s) <= int(ops::best_simd_level())) l.push_back(s);
-  return l;
-}
+std::vector<ops::SimdLevel> levels() { return ops::available_simd_levels(); }
 
 // Packs codes as kivi_format.h states: int4 element 2j in the low nibble of
 // byte j, int2 element 4j+k in bits 2k..2k+1, int3 element i in bits

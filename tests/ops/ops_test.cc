@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
+#include <string>
 
 #include "core/dtype.h"
 #include "ops/ops.h"
@@ -67,8 +69,7 @@ TEST_P(DotTest, MatchesScalarReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllLevels, DotTest,
-                         ::testing::Combine(::testing::Values(ops::SimdLevel::Scalar, ops::SimdLevel::Avx2,
-                                                              ops::SimdLevel::Avx512),
+                         ::testing::Combine(::testing::ValuesIn(ops::available_simd_levels()),
                                             ::testing::Values(DType::F32, DType::F16, DType::BF16),
                                             ::testing::Values(1, 7, 8, 31, 64, 257, 768)));
 
@@ -226,6 +227,48 @@ TEST(Attention, DotRowsAndWeightedSumMatchScalar) {
       }
     }
   }
+}
+
+// RMSNorm at every level against the scalar reference, rows of sizes with and
+// without a SIMD tail, fp32 and bf16 weights. The sum of squares is in double
+// at every level (only its addition order differs), so 2e-7 relative (about
+// one fp32 ulp of the result) + 1e-30.
+TEST(Elementwise, RmsNormMatchesScalarAtEveryLevel) {
+  SimdGuard g;
+  for (int dim : {1, 3, 4, 17, 64, 768, 1001}) {
+    const int n = 3;
+    auto x = randn(size_t(n * dim), 51);
+    for (int i = 0; i < n * dim; i += 9) x[size_t(i)] *= 100.f;
+    StoredMatrix wf(DType::F32, 1, dim, 52), wb(DType::BF16, 1, dim, 53);
+    for (const TensorView* w : {&wf.view, &wb.view}) {
+      const TensorView wv{w->data, w->dtype, {dim}};
+      std::vector<float> ref(size_t(n * dim)), got(ref.size());
+      ops::set_simd_level(ops::SimdLevel::Scalar);
+      ops::rmsnorm(x.data(), wv, 1e-5, n, dim, ref.data());
+      for (ops::SimdLevel lv : ops::available_simd_levels()) {
+        ops::set_simd_level(lv);
+        ops::rmsnorm(x.data(), wv, 1e-5, n, dim, got.data());
+        for (size_t i = 0; i < ref.size(); ++i)
+          ASSERT_NEAR(got[i], ref[i], 2e-7 * std::fabs(ref[i]) + 1e-30)
+              << "dim=" << dim << " " << dtype_name(w->dtype) << " " << ops::simd_level_name(lv) << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(Simd, LevelsAreOrderedAndSettable) {
+  SimdGuard g;
+  const auto levels = ops::available_simd_levels();
+  ASSERT_FALSE(levels.empty());
+  EXPECT_EQ(levels.front(), ops::SimdLevel::Scalar);
+  EXPECT_EQ(levels.back(), ops::best_simd_level());
+  for (ops::SimdLevel l : levels) {
+    ops::set_simd_level(l);
+    EXPECT_EQ(ops::simd_level(), l) << ops::simd_level_name(l);
+  }
+  std::printf("SIMD levels here:");
+  for (ops::SimdLevel l : levels) std::printf(" %s", std::string(ops::simd_level_name(l)).c_str());
+  std::printf(" (CPU: %s)\n", ops::cpu_features().c_str());
 }
 
 TEST(Softmax, AllMaskedStaysLikeScalar) {

@@ -20,7 +20,6 @@ namespace {
 
 constexpr DType kTypes[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                             DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
-constexpr ops::SimdLevel kSimd[] = {ops::SimdLevel::Avx2, ops::SimdLevel::Avx512};
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.f) {
   std::mt19937_64 g(seed);
@@ -84,8 +83,8 @@ constexpr Shape kShapes[] = {{37, 256, 1}, {37, 256, 3}, {19, 768, 16}, {64, 204
 TEST(QuantMatmul, EveryLevelMatchesScalarIntegerPathAndFp32) {
   SimdGuard g;
   // set_simd_level clamps to the CPU: say which kernels a level really ran.
-  std::printf("best SIMD level here: %s (AVX-512 VNNI kernels need avx512vnni/vl/bw; without them that level runs AVX2)\n",
-              std::string(ops::simd_level_name(ops::best_simd_level())).c_str());
+  std::printf("best SIMD level here: %s (AVX-512 VNNI kernels need avx512vnni/vl/bw; without them that level runs AVX2); CPU: %s\n",
+              std::string(ops::simd_level_name(ops::best_simd_level())).c_str(), ops::cpu_features().c_str());
   for (DType t : kTypes)
     for (const Shape& s : kShapes) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << s.n_tokens);
@@ -109,7 +108,7 @@ TEST(QuantMatmul, EveryLevelMatchesScalarIntegerPathAndFp32) {
         }
       // The SIMD levels do the same integer sums; only the fp32 order of the
       // per-block terms differs: within 1e-5 of sum |w x|.
-      for (ops::SimdLevel lv : kSimd) {
+      for (ops::SimdLevel lv : ops::available_simd_levels()) {
         ops::set_simd_level(lv);
         const auto y = run(w.view, x, s.n_tokens);
         for (size_t k = 0; k < y.size(); ++k)
@@ -131,8 +130,16 @@ TEST(QuantMatmul, ActivationQuantiserIsIdenticalAtEveryLevel) {
     const size_t bytes = ops::q::act_row_bytes(t, 1024);
     std::vector<std::byte> ref(bytes), got(bytes);
     ops::q::kernels_scalar().quantize_act(t, x.data(), 1024, ref.data());
-    for (const ops::q::Kernels* k : {&ops::q::kernels_avx2(), &ops::q::kernels_avx512()}) {
-      if (ops::best_simd_level() == ops::SimdLevel::Scalar) break;  // no AVX2: nothing else to run
+    // This architecture's SIMD tables (the x86 ones need AVX2 to run at all).
+#if defined(__x86_64__)
+    const ops::q::Kernels* tables[] = {&ops::q::kernels_avx2(), &ops::q::kernels_avx512()};
+#elif defined(__aarch64__)
+    const ops::q::Kernels* tables[] = {&ops::q::kernels_neon(), &ops::q::kernels_neon_dotprod()};
+#else
+    const ops::q::Kernels* tables[] = {&ops::q::kernels_scalar()};
+#endif
+    for (const ops::q::Kernels* k : tables) {
+      if (ops::best_simd_level() == ops::SimdLevel::Scalar) break;  // no SIMD: nothing else to run
       std::fill(got.begin(), got.end(), std::byte{0x5a});
       k->quantize_act(t, x.data(), 1024, got.data());
       // Compare field by field: NaN scales compare unequal as floats, so bytes.
@@ -144,7 +151,7 @@ TEST(QuantMatmul, ActivationQuantiserIsIdenticalAtEveryLevel) {
 TEST(QuantMatmul, RowsAreBitIdenticalWhateverNTokens) {
   SimdGuard g;
   const int64_t rows = 21, cols = 512, n = 16;
-  for (ops::SimdLevel lv : {ops::SimdLevel::Scalar, ops::SimdLevel::Avx2, ops::SimdLevel::Avx512}) {
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
     ops::set_simd_level(lv);
     for (DType t : kTypes) {
       SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << ops::simd_level_name(lv));
@@ -173,7 +180,7 @@ TEST(QuantMatmul, MultiSwigluBiasAndMixedJobsEqualSeparateCalls) {
   TensorView bias{reinterpret_cast<const std::byte*>(bias_f.data()), DType::F32, {24}};
   std::vector<float> plain_w = randn(size_t(8 * in), 6);
   TensorView plain{reinterpret_cast<const std::byte*>(plain_w.data()), DType::F32, {8, in}};
-  for (ops::SimdLevel lv : {ops::SimdLevel::Scalar, ops::SimdLevel::Avx2, ops::SimdLevel::Avx512}) {
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
     ops::set_simd_level(lv);
     auto g_ref = run(wg.view, x, n), u_ref = run(wu.view, x, n);
     ops::silu_mul(g_ref.data(), u_ref.data(), n * F);
@@ -253,7 +260,7 @@ TEST(QuantErrors, NonFiniteActivationGivesNaNNotGarbage) {
   QWeight w(DType::Q4_0, 4, 64, 1);
   std::vector<float> x(64, 0.5f);
   x[40] = INFINITY;
-  for (ops::SimdLevel lv : {ops::SimdLevel::Scalar, ops::SimdLevel::Avx2, ops::SimdLevel::Avx512}) {
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
     ops::set_simd_level(lv);
     const auto y = run(w.view, x, 1);
     for (float v : y) EXPECT_TRUE(std::isnan(v));
