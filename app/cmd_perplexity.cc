@@ -64,6 +64,7 @@ struct PplOpts {
   bool through_cache = false, cache_only = false, json = false, csv = false, quiet = false;
   eval::SweepFlags sweep;
   int threads = 0;
+  DeviceOpts device;
 };
 
 // One result row: a cache setting and its runs.
@@ -247,6 +248,7 @@ void run_perplexity(const PplOpts& o) {
   const std::vector<CacheSpec> settings = eval::expand_sweep(o.sweep);
   apply_threads(o.threads);
   LoadedModel lm = load_model(o.model);
+  const DeviceGuard device = apply_device(*lm.model, o.device);
   std::vector<std::string> names;
   const std::vector<eval::Ids> inputs = read_inputs(o, lm, names);
   const std::vector<eval::Ids> work = cut_work(o, inputs, names, lm.model->config());
@@ -301,6 +303,7 @@ void add_perplexity_command(CLI::App& root) {
   cmd->add_option("--plot-bin", o->bin, "Positions per plotted point (default 128)");
   cmd->add_flag("--quiet,-q", o->quiet, "No progress bar");
   add_threads_flag(cmd, o->threads);
+  add_device_flags(cmd, o->device);
   cmd->callback([o] { run_perplexity(*o); });
 }
 

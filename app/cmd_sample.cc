@@ -30,6 +30,7 @@ struct SampleOpts {
   int64_t seed = -1;
   bool json = false, ignore_eos = false, no_bos = false;
   int threads = 0;
+  DeviceOpts device;
   int64_t report_every = 0;
   CacheSpec cache;
 };
@@ -129,6 +130,7 @@ void run_sample(const SampleOpts& o) {
   apply_threads(o.threads);
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   LoadedModel lm = load_model(path);
+  const DeviceGuard device = apply_device(*lm.model, o.device);
   const std::vector<int32_t> prompt = encode_prompt(lm, o.prompt, !o.no_bos);
   Session session(lm, make_model_cache(*lm.model, o.cache, int64_t(prompt.size()) + o.tokens));
   fmt::print(stderr, "{}\n", session.cache().describe());
@@ -183,6 +185,7 @@ void add_sample_command(CLI::App& root) {
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
   cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, stats) instead of streaming text");
   add_threads_flag(cmd, o->threads);
+  add_device_flags(cmd, o->device);
   add_cache_flags(cmd, o->cache);
   cmd->add_option("--report-every", o->report_every,
                   "Every K generated tokens, print cache position, stored tokens per layer and peak RSS on stderr")

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "core/error.h"
+#include "cuda/backend.h"
 #include "ops/ops.h"
 
 namespace ptllm::cli {
@@ -28,5 +29,25 @@ void add_threads_flag(CLI::App* cmd, int& threads) {
 }
 
 void apply_threads(int threads) { ops::set_num_threads(threads); }
+
+void add_device_flags(CLI::App* cmd, DeviceOpts& o) {
+  cmd->add_option("--device", o.device, "Where the model runs: cpu (default) or cuda");
+  cmd->add_option("--device-weights", o.weights,
+                  "--device cuda: weights on the GPU as auto (as stored), f32, bf16 or f16 (default auto)");
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (active) cuda::deactivate();
+}
+
+DeviceGuard apply_device(const Model& model, const DeviceOpts& o) {
+  DeviceGuard g;
+  const cuda::WeightType w = cuda::parse_weight_type(o.weights, "--device-weights");
+  if (o.device == "cpu") return g;
+  if (o.device != "cuda") fail("--device {}: expected cpu or cuda", o.device);
+  cuda::activate(model, w);
+  g.active = true;
+  return g;
+}
 
 }  // namespace ptllm::cli

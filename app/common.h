@@ -5,6 +5,10 @@
 
 #include <CLI/CLI.hpp>
 
+namespace ptllm {
+class Model;
+}
+
 namespace ptllm::cli {
 
 // Parses "1,2,3" into ids; throws Error naming `flag` on bad input.
@@ -12,5 +16,23 @@ std::vector<int32_t> parse_id_list(const std::string& s, const std::string& flag
 // Adds --threads to a command; apply_threads() sets the kernel thread count.
 void add_threads_flag(CLI::App* cmd, int& threads);
 void apply_threads(int threads);
+
+// --device cpu|cuda and --device-weights auto|f32|bf16|f16 (src/cuda/backend.h).
+struct DeviceOpts {
+  std::string device = "cpu", weights = "auto";
+};
+void add_device_flags(CLI::App* cmd, DeviceOpts& o);
+// With --device cuda: uploads the model and makes every cache of it a GPU
+// cache until the returned guard goes (throws a one-line Error when this build
+// or machine has no CUDA). --device cpu: does nothing.
+struct DeviceGuard {
+  bool active = false;
+  DeviceGuard() = default;
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  DeviceGuard(DeviceGuard&& o) noexcept : active(o.active) { o.active = false; }
+  ~DeviceGuard();
+};
+[[nodiscard]] DeviceGuard apply_device(const Model& model, const DeviceOpts& o);
 
 }  // namespace ptllm::cli

@@ -270,9 +270,22 @@ CacheSpec CacheSpec::from_json(const nlohmann::json& j) {
   return s.canonical();
 }
 
+namespace {
+CacheFactory& cache_factory() {
+  static CacheFactory f;
+  return f;
+}
+}  // namespace
+
+void set_cache_factory(CacheFactory factory) { cache_factory() = std::move(factory); }
+
 std::unique_ptr<KVCache> make_cache(const KVCacheShape& shape, const CacheSpec& spec) {
   KVCacheShape s = shape;
   if (spec.streaming()) s.capacity = spec.sink + spec.window;
+  if (cache_factory()) {
+    spec.check();
+    return cache_factory()(s, spec.canonical());
+  }
   // Canonical, so the cache describes itself as every JSON object describes its
   // spec (an unbounded cache's RoPE mode changes nothing: slot = position).
   return std::make_unique<StorageKVCache>(s, spec.issue() ? spec : spec.canonical());

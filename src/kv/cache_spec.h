@@ -145,4 +145,10 @@ std::vector<std::string> spec_labels(const std::vector<CacheSpec>& specs);
 // constructor): throws CacheSpecError.
 std::unique_ptr<KVCache> make_cache(const KVCacheShape& shape, const CacheSpec& spec);
 
+// A backend (src/cuda, `--device cuda`) may take over make_cache: once set,
+// make_cache validates the spec as always and then returns factory(shape with
+// the StreamingLLM capacity, canonical spec). An empty function restores the CPU cache.
+using CacheFactory = std::function<std::unique_ptr<KVCache>(const KVCacheShape&, const CacheSpec&)>;
+void set_cache_factory(CacheFactory factory);
+
 }  // namespace ptllm

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/device_cache.h"
 #include "ops/ops.h"
 
 namespace ptllm {
@@ -105,6 +106,8 @@ size_t Model::step_weight_bytes() const {
 }
 
 void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* logits, bool all_logits) const {
+  // A device cache runs the whole step on its accelerator (src/cuda).
+  if (auto* d = dynamic_cast<DeviceKVCache*>(&cache)) return d->forward(tokens, n, logits, all_logits);
   KVCache* c = &cache;
   run(tokens, n, &c, 1, logits, all_logits);
 }
@@ -117,6 +120,7 @@ void Model::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* cach
       if (caches[a] == caches[b]) fail("forward_batch: sequences {} and {} share one cache", a, b);
     if (caches[b]->room() < 1) fail("forward_batch: the cache of sequence {} is full", b);
   }
+  if (auto* d = dynamic_cast<DeviceKVCache*>(caches[0])) return d->forward_batch(tokens, B, caches, logits);
   run(tokens, B, caches, B, logits, /*all_logits=*/true);
 }
 

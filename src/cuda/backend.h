@@ -1,0 +1,37 @@
+// The CUDA backend (issue 17): `--device cuda`. activate() uploads a model's
+// weights to the GPU and routes make_cache (kv/cache_spec.h) to GPU caches, so
+// every Decoder, perplexity run, bench and batch step of that model then runs
+// on the GPU through Model::forward / forward_batch (model/device_cache.h).
+//
+// Built with PTLLM_CUDA=ON (backend.cu); otherwise stub.cc, whose activate()
+// fails with a one-line error. Supported now: Llama-family models (Llama,
+// Mistral/Qwen2 without a sliding window, qkv biases), no YOCO; KV storage
+// fp32 / fp16 / bf16, unbounded or StreamingLLM sink + window (reposition or
+// absolute RoPE). KIVI int8/int4/int2 caches are not on the GPU yet.
+#pragma once
+#include <string>
+
+namespace ptllm {
+class Model;
+}
+
+namespace ptllm::cuda {
+
+// How the weights are held on the GPU. Auto: as stored (bf16 / f16 files stay
+// bf16 / f16, everything else fp32). Arithmetic is fp32 in every case.
+enum class WeightType { Auto, F32, BF16, F16 };
+// Parses "auto", "f32", "bf16", "f16"; throws Error naming `flag` otherwise.
+WeightType parse_weight_type(const std::string& text, const std::string& flag);
+
+// True when this build has the CUDA backend.
+bool built();
+// Uploads `model`'s weights (kept alive until deactivate(); the model must
+// outlive that) and makes make_cache build GPU caches for it. Throws Error when
+// built without CUDA, when there is no GPU, or the model/cache is unsupported.
+void activate(const Model& model, WeightType weights = WeightType::Auto);
+// Back to CPU caches; frees the GPU weights once no cache uses them.
+void deactivate();
+// "NVIDIA H200 (sm_90, 139 GiB)" or the reason there is none.
+std::string device_name();
+
+}  // namespace ptllm::cuda

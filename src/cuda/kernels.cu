@@ -1,0 +1,353 @@
+// CUDA kernels of the GPU decode path; see kernels.h for shapes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "cuda/kernels.h"
+
+namespace ptllm::cuda::k {
+namespace {
+
+template <class T>
+__device__ __forceinline__ float widen(T v);
+template <>
+__device__ __forceinline__ float widen<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float widen<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T narrow(float v);
+template <>
+__device__ __forceinline__ float narrow<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// 8 consecutive elements widened (p 16-byte aligned for 2-byte types, 32 for fp32).
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float* o);
+template <>
+__device__ __forceinline__ void load8<float>(const float* p, float* o) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load8<__half>(const __half* p, float* o) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    o[2 * i] = f.x; o[2 * i + 1] = f.y;
+  }
+}
+template <>
+__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* o) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    o[2 * i] = f.x; o[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <class T>
+__global__ void convert_kernel(const float* src, T* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow<T>(src[i]);
+}
+
+template <class T>
+__global__ void embed_kernel(const T* E, const int32_t* ids, int H, float* x) {
+  const T* row = E + int64_t(ids[blockIdx.x]) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) x[int64_t(blockIdx.x) * H + i] = widen(row[i]);
+}
+
+__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, float* out) {
+  const float* xr = x + int64_t(blockIdx.x) * H;
+  float ss = 0;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+  __shared__ float red[32];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) red[0] = v;
+  }
+  __syncthreads();
+  const float inv = float(1.0 / sqrt(double(red[0]) / double(H) + double(eps)));
+  float* o = out + int64_t(blockIdx.x) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+// wpr warps per output row n (wpr in 1, 2, 4, 8: several when N is small, so
+// that a short projection still fills the GPU), up to 8 input rows: the weight
+// row is streamed once (16-byte loads), each warp a strided share of K, and
+// multiplied with every input row; partial sums meet in shared memory.
+constexpr int kRows = 8, kWarps = 8;
+template <class T, bool kVec>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T* __restrict__ W, const float* __restrict__ x,
+                                                           const float* __restrict__ bias, float* __restrict__ y,
+                                                           int M, int N, int K, bool accumulate, int wpr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int part = warp % wpr;
+  const int n = blockIdx.x * (kWarps / wpr) + warp / wpr;
+  __shared__ float red[kWarps][kRows];
+  float acc[kRows] = {};
+  if (n < N) {
+    const T* w = W + int64_t(n) * K;
+    if (kVec) {
+      for (int k0 = (part * 32 + lane) * 8; k0 < K; k0 += wpr * 32 * 8) {
+        float wv[8];
+        load8(w + k0, wv);
+#pragma unroll
+        for (int m = 0; m < kRows; ++m) {
+          if (m < M) {
+            float xv[8];
+            load8(x + int64_t(m) * K + k0, xv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[m] = fmaf(wv[j], xv[j], acc[m]);
+          }
+        }
+      }
+    } else {
+      for (int kk = part * 32 + lane; kk < K; kk += wpr * 32) {
+        const float wv = widen(w[kk]);
+#pragma unroll
+        for (int m = 0; m < kRows; ++m)
+          if (m < M) acc[m] = fmaf(wv, x[int64_t(m) * K + kk], acc[m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) {
+    if (m < M) {
+      const float v = warp_sum(acc[m]);
+      if (lane == 0) red[warp][m] = v;
+    }
+  }
+  __syncthreads();
+  if (n < N && part == 0 && lane < M) {
+    const int m = lane;
+    float v = 0;
+    for (int p = 0; p < wpr; ++p) v += red[warp + p][m];
+    if (bias) v += bias[n];
+    float* yo = y + int64_t(m) * N + n;
+    *yo = accumulate ? *yo + v : v;
+  }
+}
+
+__global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float a = g[i];
+    g[i] = a / (1.f + expf(-a)) * u[i];
+  }
+}
+
+__global__ void rope_kernel(float* x, int nh, int hd, const float* cs) {
+  const int t = blockIdx.x, half = hd / 2;
+  const float* c = cs + int64_t(t) * hd;
+  for (int j = threadIdx.x; j < nh * half; j += blockDim.x) {
+    const int h = j / half, i = j % half;
+    float* v = x + (int64_t(t) * nh + h) * hd;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c[i] - b * c[half + i];
+    v[i + half] = b * c[i] + a * c[half + i];
+  }
+}
+
+__device__ __forceinline__ int64_t phys_row(const PlainLayer& c, int slot) {
+  if (slot < c.sink_cap) return slot;
+  int r = c.ring_start + (slot - c.sink_cap);
+  if (r >= c.ring_cap) r -= c.ring_cap;
+  return c.sink_cap + r;
+}
+
+template <class T>
+__global__ void append_kernel(PlainLayer c, const float* k, const float* v, int first) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int64_t row = (int64_t(h) * c.cap + phys_row(c, first + t)) * c.hd;
+  const float* ks = k + (int64_t(t) * c.kvh + h) * c.hd;
+  const float* vs = v + (int64_t(t) * c.kvh + h) * c.hd;
+  T* kd = static_cast<T*>(c.k) + row;
+  T* vd = static_cast<T*>(c.v) + row;
+  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) {
+    kd[i] = narrow<T>(ks[i]);
+    vd[i] = narrow<T>(vs[i]);
+  }
+}
+
+// Flash-decoding split: block (split s, head h, query i) covers kChunk slots;
+// 4 warps score one slot each at a time (lanes over channels), softmax within
+// the chunk, then the weighted V sum (threads over channels). Partials
+// (max, sum, o[hd]) go to `part`; combine_kernel merges the splits.
+constexpr int kChunk = 256, kThreads = 128, kMaxHd = 512;
+template <class T>
+__global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
+  const int s = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+  const PlainLayer& c = a.c;
+  const int hd = c.hd, half = hd / 2, kvh = h / (a.nh / c.kvh);
+  const int S = gridDim.x;
+  __shared__ float qa[kMaxHd], qb[kMaxHd], p[kChunk];
+  __shared__ float red[2];
+  const float* q = a.q + (int64_t(i) * a.nh + h) * hd;
+  const float* cs = a.qcs + int64_t(i) * 2 * hd;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float x0 = q[j], x1 = q[j + half];
+    qa[j] = x0 * cs[j] - x1 * cs[half + j];
+    qa[j + half] = x1 * cs[j] + x0 * cs[half + j];
+    qb[j] = x0 * cs[hd + j] - x1 * cs[hd + half + j];
+    qb[j + half] = x1 * cs[hd + j] + x0 * cs[hd + half + j];
+  }
+  __syncthreads();
+  const int li = a.first + i + 1;  // slots this query sees
+  const int b0 = s * kChunk, b1 = min(b0 + kChunk, li);
+  float* part = a.part + ((int64_t(i) * a.nh + h) * S + s) * (hd + 2);
+  if (b0 >= b1) {
+    if (threadIdx.x == 0) { part[0] = -INFINITY; part[1] = 0; }
+    return;
+  }
+  const T* K = static_cast<const T*>(c.k) + int64_t(kvh) * c.cap * hd;
+  const T* V = static_cast<const T*>(c.v) + int64_t(kvh) * c.cap * hd;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int t = b0 + warp; t < b1; t += kThreads / 32) {
+    const T* kr = K + phys_row(c, t) * hd;
+    const float* qq = t < a.run_split ? qa : qb;
+    float d = 0;
+    for (int j = lane; j < hd; j += 32) d = fmaf(qq[j], widen(kr[j]), d);
+    d = warp_sum(d);
+    if (lane == 0) p[t - b0] = d * a.scale;
+  }
+  __syncthreads();
+  const int len = b1 - b0;
+  if (warp == 0) {
+    float m = -INFINITY;
+    for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+    m = warp_max(m);
+    float l = 0;
+    for (int j = lane; j < len; j += 32) {
+      const float e = expf(p[j] - m);
+      p[j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) { red[0] = m; red[1] = l; }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    float o = 0;
+    for (int t = 0; t < len; ++t) o = fmaf(p[t], widen(V[phys_row(c, b0 + t) * hd + j]), o);
+    part[2 + j] = o;
+  }
+  if (threadIdx.x == 0) { part[0] = red[0]; part[1] = red[1]; }
+}
+
+__global__ void combine_kernel(const float* part, int S, int hd, float* out) {
+  const int64_t qh = blockIdx.x;  // query * nh + head
+  const float* pp = part + qh * S * (hd + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, pp[s * (hd + 2)]);
+  float L = 0;
+  for (int s = 0; s < S; ++s)
+    if (pp[s * (hd + 2) + 1] > 0) L += pp[s * (hd + 2) + 1] * expf(pp[s * (hd + 2)] - M);
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    float o = 0;
+    for (int s = 0; s < S; ++s) {
+      const float* ps = pp + s * (hd + 2);
+      if (ps[1] > 0) o += ps[2 + j] * expf(ps[0] - M);
+    }
+    out[qh * hd + j] = L > 0 ? o / L : 0.f;
+  }
+}
+
+int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
+
+}  // namespace
+
+void convert(const float* src, Elem e, void* dst, int64_t n, cudaStream_t s) {
+  const int g = grid_for(n) > 0 ? grid_for(n) : 1;
+  if (e == Elem::F32) convert_kernel<float><<<g, 256, 0, s>>>(src, static_cast<float*>(dst), n);
+  if (e == Elem::F16) convert_kernel<__half><<<g, 256, 0, s>>>(src, static_cast<__half*>(dst), n);
+  if (e == Elem::BF16) convert_kernel<__nv_bfloat16><<<g, 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+}
+
+void embed(Elem e, const void* E, const int32_t* ids, int n, int H, float* x, cudaStream_t s) {
+  if (e == Elem::F32) embed_kernel<<<n, 256, 0, s>>>(static_cast<const float*>(E), ids, H, x);
+  if (e == Elem::F16) embed_kernel<<<n, 256, 0, s>>>(static_cast<const __half*>(E), ids, H, x);
+  if (e == Elem::BF16) embed_kernel<<<n, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(E), ids, H, x);
+}
+
+void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out, cudaStream_t s) {
+  rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, eps, H, out);
+}
+
+template <class T>
+static void gemv_t(const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool acc,
+                   cudaStream_t s) {
+  // Enough warps for the whole GPU (~132 SMs x 64 warps): split K over up to 8 warps per row.
+  int wpr = 1;
+  while (wpr < kWarps && int64_t(N) * wpr < 16384 && K >= wpr * 2 * 256) wpr *= 2;
+  const int rows_per_block = kWarps / wpr;
+  const dim3 grid((N + rows_per_block - 1) / rows_per_block);
+  for (int m0 = 0; m0 < M; m0 += kRows) {
+    const int m = M - m0 < kRows ? M - m0 : kRows;
+    if (K % 8 == 0)
+      gemv_kernel<T, true><<<grid, kWarps * 32, 0, s>>>(static_cast<const T*>(W), x + int64_t(m0) * K, bias,
+                                                        y + int64_t(m0) * N, m, N, K, acc, wpr);
+    else
+      gemv_kernel<T, false><<<grid, kWarps * 32, 0, s>>>(static_cast<const T*>(W), x + int64_t(m0) * K, bias,
+                                                         y + int64_t(m0) * N, m, N, K, acc, wpr);
+  }
+}
+
+void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool acc,
+          cudaStream_t s) {
+  if (e == Elem::F32) gemv_t<float>(W, x, bias, y, M, N, K, acc, s);
+  if (e == Elem::F16) gemv_t<__half>(W, x, bias, y, M, N, K, acc, s);
+  if (e == Elem::BF16) gemv_t<__nv_bfloat16>(W, x, bias, y, M, N, K, acc, s);
+}
+
+void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {
+  silu_mul_kernel<<<grid_for(n), 256, 0, s>>>(gate, up, n);
+}
+
+void rope(float* x, int n, int nh, int hd, const float* cs, cudaStream_t s) {
+  rope_kernel<<<n, 128, 0, s>>>(x, nh, hd, cs);
+}
+
+void append_plain(const PlainLayer& c, const float* k, const float* v, int n, int first, cudaStream_t s) {
+  const dim3 grid(n, c.kvh);
+  if (c.e == Elem::F32) append_kernel<float><<<grid, 128, 0, s>>>(c, k, v, first);
+  if (c.e == Elem::F16) append_kernel<__half><<<grid, 128, 0, s>>>(c, k, v, first);
+  if (c.e == Elem::BF16) append_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(c, k, v, first);
+}
+
+int64_t attend_scratch_floats(int n, int nh, int hd, int len) {
+  const int64_t S = (len + kChunk - 1) / kChunk;
+  return int64_t(n) * nh * (S > 0 ? S : 1) * (hd + 2);
+}
+
+void attend_plain(const Attend& a, cudaStream_t s) {
+  const int S = (a.len + kChunk - 1) / kChunk;
+  const dim3 grid(S, a.nh, a.n);
+  if (a.c.e == Elem::F32) attend_kernel<float><<<grid, kThreads, 0, s>>>(a);
+  if (a.c.e == Elem::F16) attend_kernel<__half><<<grid, kThreads, 0, s>>>(a);
+  if (a.c.e == Elem::BF16) attend_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(a);
+  combine_kernel<<<a.n * a.nh, 128, 0, s>>>(a.part, S, a.c.hd, a.out);
+}
+
+}  // namespace ptllm::cuda::k
