@@ -402,6 +402,13 @@ TEST(KlDivergence, FewerBitsDivergeMore) {
   auto kr = eval::score_windows_kl(*lm.model, windows, eval::Path::Cache, fp32, {});
   auto plain = eval::score_windows(*lm.model, windows, eval::Path::Cache, fp32);
   EXPECT_EQ(kr.reference.total.nll, plain.total.nll);
+  // Full forward: 300-token windows go in as 256 + 43 token prefills; the
+  // perplexity is the one-prefill run's to rounding (1e-5 relative).
+  auto kf = eval::score_windows_kl(*lm.model, windows, eval::Path::Full, fp32, {settings[1]});
+  auto plain_full = eval::score_windows(*lm.model, windows, eval::Path::Full, fp32);
+  EXPECT_EQ(kf.reference.total.count, 2 * 299);
+  EXPECT_NEAR(kf.reference.total.ppl() / plain_full.total.ppl(), 1.0, 1e-5);
+  EXPECT_GT(kf.settings[0].total.mean_kl(), 0.0);
 }
 
 // The correctness anchor against transformers is in eval_slow_test.cc (label "slow").
