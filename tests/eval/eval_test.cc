@@ -2,6 +2,7 @@
 // formats, and the numbers themselves — the fp32 cache path must equal the
 // batched forward, and flagship-27m's held-out perplexity must reproduce
 // transformers' (models/flagship-27m/reference.json).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -243,6 +244,171 @@ TEST(Perplexity, TokenizedFilesAreBosTextEos) {
   EXPECT_EQ(s[0].front(), 1);
   EXPECT_EQ(s[0].back(), 2);
   EXPECT_TRUE(std::equal(a.begin(), a.end(), s[0].begin() + 1));
+}
+
+// ---- llama-perplexity's protocol ------------------------------------------
+
+TEST(LlamaCpp, ChunksReplaceTheFirstTokenAndScoreTheSecondHalf) {
+  Ids s(23);
+  for (int i = 0; i < 23; ++i) s[size_t(i)] = 10 + i;
+  auto c = eval::cut_llama_cpp_chunks(s, 8, 0, 1);
+  ASSERT_EQ(c.size(), 2u);  // 23 / 8: the trailing 7 tokens dropped
+  EXPECT_EQ(c[0], (Ids{1, 11, 12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(c[1], (Ids{1, 19, 20, 21, 22, 23, 24, 25}));
+  EXPECT_EQ(eval::cut_llama_cpp_chunks(s, 8, 1, 1).size(), 1u);
+  EXPECT_EQ(eval::cut_llama_cpp_chunks(s, 8, 0, -1)[1][0], 18);  // no BOS: tokens kept
+  EXPECT_THROW(eval::cut_llama_cpp_chunks(s, 3, 0, 1), Error);
+  // 512: llama.cpp scores logits 256..510, i.e. the 255 predictions of tokens 257..511.
+  EXPECT_EQ(eval::llama_cpp_first_scored(512), 257);
+}
+
+TEST(LlamaCpp, JoinedFilesAreOneTokenizationWithBosFirst) {
+  LoadedModel lm = load_stories();
+  const auto a = temp_file("join_a.txt", "Once upon a"), b = temp_file("join_b.txt", " time there was");
+  const Ids j = eval::tokenize_joined({a, b}, *lm.tokenizer, 1);
+  Ids expect = {1};
+  const Ids body = lm.tokenizer->encode("Once upon a time there was", false);
+  expect.insert(expect.end(), body.begin(), body.end());
+  EXPECT_EQ(j, expect);
+  EXPECT_THROW(eval::tokenize_joined({temp_file("join_empty.txt", "")}, *lm.tokenizer, 1), Error);
+}
+
+// Only positions >= first_scored count, by both paths, and the scored
+// predictions are the same ones as a full scoring of the window.
+TEST(LlamaCpp, FirstScoredSkipsTheFirstHalf) {
+  LoadedModel lm = load_stories();
+  const int64_t V = lm.model->config().vocab_size;
+  auto chunks = eval::cut_llama_cpp_chunks(lcg_ids(200, V, 5), 64, 0, 1);
+  ASSERT_EQ(chunks.size(), 3u);
+  eval::ScoreOptions so;
+  so.first_scored = eval::llama_cpp_first_scored(64);
+  so.bin_size = 1;
+  CacheSpec fp32;
+  auto half = eval::score_windows(*lm.model, chunks, eval::Path::Full, fp32, so);
+  EXPECT_EQ(half.total.count, 3 * 31);
+  so.first_scored = 1;
+  auto all = eval::score_windows(*lm.model, chunks, eval::Path::Full, fp32, so);
+  EXPECT_EQ(all.total.count, 3 * 63);
+  double nll = 0;
+  for (size_t p = 33; p < all.bins.size(); ++p) nll += all.bins[p].nll;  // bin p = position p
+  EXPECT_NEAR(half.total.nll, nll, 1e-9 * nll);
+  so.first_scored = eval::llama_cpp_first_scored(64);
+  auto cached = eval::score_windows(*lm.model, chunks, eval::Path::Cache, fp32, so);
+  EXPECT_EQ(cached.total.count, 3 * 31);
+  EXPECT_NEAR(cached.total.ppl() / half.total.ppl(), 1.0, 1e-4);
+}
+
+// ---- KL divergence -----------------------------------------------------------
+
+TEST(KlDivergence, HandComputedTinyCase) {
+  // P = softmax(0, ln 2) = (1/3, 2/3); Q = softmax(0, 0) = (1/2, 1/2).
+  const float p[] = {0.0f, float(std::log(2.0))}, q[] = {0.0f, 0.0f};
+  const double expect = (1.0 / 3) * std::log((1.0 / 3) / 0.5) + (2.0 / 3) * std::log((2.0 / 3) / 0.5);
+  const auto k = eval::kl_divergence(p, q, 2);
+  EXPECT_NEAR(k.kl, expect, 1e-7);  // ~0.0566 nats; float ln 2 limits it
+  EXPECT_FALSE(k.same_top1);        // P's top-1 is 1, Q's (a tie) the first index 0
+  // Shifting logits changes nothing; KL(P || P) = 0 and the top-1 agrees.
+  const float p_shift[] = {100.0f, 100.0f + float(std::log(2.0))};
+  EXPECT_NEAR(eval::kl_divergence(p_shift, q, 2).kl, expect, 1e-5);
+  EXPECT_EQ(eval::kl_divergence(p, p, 2).kl, 0.0);
+  EXPECT_TRUE(eval::kl_divergence(p, p, 2).same_top1);
+  // Asymmetric: KL(Q || P) differs.
+  const double reverse = 0.5 * std::log(0.5 / (1.0 / 3)) + 0.5 * std::log(0.5 / (2.0 / 3));
+  EXPECT_NEAR(eval::kl_divergence(q, p, 2).kl, reverse, 1e-7);
+}
+
+TEST(KlDivergence, QuantilesAreNearestRank) {
+  eval::KlStats s;
+  EXPECT_TRUE(std::isnan(s.quantile(0.5)));
+  for (int i = 100; i >= 1; --i) s.values.push_back(float(i));
+  EXPECT_EQ(s.quantile(0.5), 50.0);
+  EXPECT_EQ(s.quantile(0.99), 99.0);
+  EXPECT_EQ(s.quantile(1.0), 100.0);
+  EXPECT_EQ(s.quantile(0.0), 1.0);
+}
+
+TEST(KlDivergence, ReferenceDropsOnlyTheStorage) {
+  CacheSpec s;
+  s.storage = KVStorage::Int4;
+  s.value_storage = KVStorage::Int2;
+  s.sink = 4;
+  s.window = 60;
+  const CacheSpec r = eval::kl_reference(s);
+  EXPECT_EQ(r.k_storage(), KVStorage::F32);
+  EXPECT_EQ(r.v_storage(), KVStorage::F32);
+  EXPECT_EQ(r.sink, 4);
+  EXPECT_EQ(r.window, 60);
+  EXPECT_EQ(eval::kl_reference(CacheSpec{}), CacheSpec{}.canonical());
+}
+
+CacheSpec storage(KVStorage st) {
+  CacheSpec s;
+  s.storage = st;
+  return s.canonical();
+}
+
+// A setting against itself: KL exactly 0 and top-1 agreement 1 (its own cache,
+// run in lockstep, is deterministic); the perplexity is the plain run's.
+TEST(KlDivergence, SettingAgainstItselfIsZero) {
+  LoadedModel lm = load_stories();
+  const int64_t V = lm.model->config().vocab_size;
+  const std::vector<Ids> windows = eval::cut_windows({lcg_ids(400, V, 6)}, 200, 0);
+  const CacheSpec int4 = storage(KVStorage::Int4);
+  for (eval::Path path : {eval::Path::Cache, eval::Path::Full}) {
+    auto kr = eval::score_windows_kl(*lm.model, windows, path, int4, {int4});
+    ASSERT_EQ(kr.settings.size(), 1u);
+    const auto& r = kr.settings[0];
+    EXPECT_TRUE(r.has_kl);
+    EXPECT_EQ(r.total.count, 2 * 199);
+    EXPECT_EQ(r.total.kl, 0.0);
+    EXPECT_EQ(r.total.top1_agreement(), 1.0);
+    EXPECT_EQ(r.kl.quantile(1.0), 0.0);
+    EXPECT_EQ(r.total.nll, kr.reference.total.nll);
+    EXPECT_EQ(kr.reference.total.kl, 0.0);
+    auto plain = eval::score_windows(*lm.model, windows, path, int4);
+    EXPECT_NEAR(r.total.ppl() / plain.total.ppl(), 1.0, 1e-9);
+  }
+}
+
+// More bits, closer to fp32: 0 < KL(int8) < KL(int4) < KL(int2), in window
+// (decode path) and stream mode; the quantised tokens are those past the
+// 128-token fp32 residual, so the inputs are longer than that.
+TEST(KlDivergence, FewerBitsDivergeMore) {
+  LoadedModel lm = load_stories();
+  const int64_t V = lm.model->config().vocab_size;
+  const std::vector<Ids> windows = eval::cut_windows({lcg_ids(600, V, 7)}, 300, 0);
+  const CacheSpec fp32 = storage(KVStorage::F32);
+  const std::vector<CacheSpec> settings = {storage(KVStorage::Int8), storage(KVStorage::Int4),
+                                           storage(KVStorage::Int2)};
+  auto check = [&](const eval::KlRun& kr, const char* what) {
+    ASSERT_EQ(kr.settings.size(), 3u);
+    const double k8 = kr.settings[0].total.mean_kl(), k4 = kr.settings[1].total.mean_kl(),
+                 k2 = kr.settings[2].total.mean_kl();
+    EXPECT_GT(k8, 0.0) << what;
+    EXPECT_GT(k4, k8) << what;
+    EXPECT_GT(k2, k4) << what;
+    EXPECT_EQ(kr.reference.total.kl, 0.0);
+    EXPECT_LE(kr.settings[1].total.top1_agreement(), 1.0);
+    EXPECT_GE(kr.settings[0].total.top1_agreement(), kr.settings[2].total.top1_agreement());
+    EXPECT_EQ(int64_t(kr.settings[1].kl.values.size()), kr.settings[1].total.count);
+    // Per segment sums add up to the total.
+    double seg = 0;
+    for (const auto& t : kr.settings[1].segments) seg += t.kl;
+    EXPECT_NEAR(seg, kr.settings[1].total.kl, 1e-9 * kr.settings[1].total.kl);
+  };
+  check(eval::score_windows_kl(*lm.model, windows, eval::Path::Cache, fp32, settings), "window");
+  check(eval::score_streams_kl(*lm.model, {lcg_ids(600, V, 8)}, fp32, settings), "stream");
+  // The reference's own perplexity is the plain fp32 run's.
+  auto kr = eval::score_windows_kl(*lm.model, windows, eval::Path::Cache, fp32, {});
+  auto plain = eval::score_windows(*lm.model, windows, eval::Path::Cache, fp32);
+  EXPECT_EQ(kr.reference.total.nll, plain.total.nll);
+  // Full forward: 300-token windows go in as 256 + 43 token prefills; the
+  // perplexity is the one-prefill run's to rounding (1e-5 relative).
+  auto kf = eval::score_windows_kl(*lm.model, windows, eval::Path::Full, fp32, {settings[1]});
+  auto plain_full = eval::score_windows(*lm.model, windows, eval::Path::Full, fp32);
+  EXPECT_EQ(kf.reference.total.count, 2 * 299);
+  EXPECT_NEAR(kf.reference.total.ppl() / plain_full.total.ppl(), 1.0, 1e-5);
+  EXPECT_GT(kf.settings[0].total.mean_kl(), 0.0);
 }
 
 // The correctness anchor against transformers is in eval_slow_test.cc (label "slow").
@@ -531,6 +697,61 @@ TEST(Cli, PerplexityKiviGroupListGivesTwoRows) {
   r = run_cli(base + " --kv-quantize-k int4 --kv-quantize-v int2 --csv 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\nK int4 / V int2,"), std::string::npos) << r.out;
+}
+
+// --kl-divergence: the fp32 reference joins the rows; every row has a
+// kl_divergence object (reference 0 / 1), in window and stream mode, and the
+// table, CSV and KL plot carry it.
+TEST(Cli, PerplexityKlDivergenceInJsonCsvAndPlot) {
+  std::string ids = "[[1";
+  for (int64_t id : lcg_ids(299, 512, 9)) ids += fmt::format(", {}", id);
+  ids = temp_file("cli_kl_ids.json", ids + "]]");
+  const std::string base = "perplexity " + kStories + " --ids-file " + ids + " --threads 1 -q --kl-divergence";
+  for (const std::string mode : {" --window 300 --cache-only", " --stream 300"}) {
+    CliResult r = run_cli(base + mode + " --kv-quantize int8,int4 --json 2>/dev/null");
+    ASSERT_EQ(r.status, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["results"].size(), 3u) << r.out;  // fp32 (added), int8, int4
+    EXPECT_EQ(j["results"][0]["label"], "fp32");
+    const auto& ref = j["results"][0]["through_cache"]["kl_divergence"];
+    EXPECT_EQ(ref["mean"], 0.0);
+    EXPECT_EQ(ref["top1_agreement"], 1.0);
+    const auto& k8 = j["results"][1]["through_cache"]["kl_divergence"];
+    const auto& k4 = j["results"][2]["through_cache"]["kl_divergence"];
+    for (const char* f : {"mean", "median", "p99", "max", "top1_agreement", "predictions", "reference"})
+      EXPECT_TRUE(k4.contains(f)) << f << mode;
+    EXPECT_EQ(k4["reference"], "fp32");
+    EXPECT_GT(k4["mean"].get<double>(), k8["mean"].get<double>()) << mode;
+    EXPECT_GT(k8["mean"].get<double>(), 0.0) << mode;
+    EXPECT_GE(k4["max"].get<double>(), k4["p99"].get<double>());
+    EXPECT_GE(k4["p99"].get<double>(), k4["median"].get<double>());
+    EXPECT_TRUE(j["results"][2]["through_cache"]["segments"][0].contains("kl_mean"));
+  }
+  const std::string svg = (fs::temp_directory_path() / "ptllm_eval_test_kl.svg").string();
+  CliResult r = run_cli(base + " --stream 300 --kv-quantize int4 --csv --plot " + svg + " 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("mean KLD,median KLD,p99 KLD,max KLD,same top-1"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(svg));
+  const std::string kl_svg = (fs::temp_directory_path() / "ptllm_eval_test_kl-kl.svg").string();
+  ASSERT_TRUE(fs::exists(kl_svg));
+  std::ifstream f(kl_svg);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("KL divergence"), std::string::npos);
+  EXPECT_NE(text.find("int4"), std::string::npos);
+}
+
+TEST(Cli, PerplexityLlamaCppScoresTheSecondHalf) {
+  std::string ids = "[[1";
+  for (int64_t id : lcg_ids(199, 512, 10)) ids += fmt::format(", {}", id);
+  ids = temp_file("cli_lc_ids.json", ids + "]]");
+  CliResult r = run_cli("perplexity " + kStories + " --ids-file " + ids +
+                        " --llama-cpp --ctx 64 --chunks 2 --json --threads 1 -q 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["protocol"], "llama.cpp");
+  EXPECT_EQ(j["windows"], 2);
+  EXPECT_EQ(j["results"][0]["full_forward"]["predictions"], 2 * 31);
+  expect_cli_error("perplexity " + kStories + " --ids-file " + ids + " --llama-cpp --stream 50 -q", "--llama-cpp");
 }
 
 TEST(Cli, CompareKiviGroupListGivesTwoSettings) {
