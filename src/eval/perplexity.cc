@@ -161,6 +161,7 @@ CacheSpec kl_reference(const CacheSpec& setting) {
   r.storage = KVStorage::F32;
   r.key_storage.reset();
   r.value_storage.reset();
+  r.rotate = KVRotate::None;  // the reference is the plain fp32 cache
   return r.canonical();
 }
 
