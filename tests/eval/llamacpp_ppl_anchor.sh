@@ -14,9 +14,10 @@ G=$SHARED/models/flagship-27m-gguf
 mkdir -p "$WORK"
 cat "$SHARED"/corpus/heldout/*.txt > "$WORK/heldout.txt"
 "$PT" convert "$REPO/models/flagship-27m" "$WORK/flagship-f16.gguf" --type f16 > /dev/null
-ours() {  # FILE CHUNKS -> our perplexity
+ours() {  # FILE CHUNKS -> our perplexity over all scored positions (the JSON also has per-bin "ppl"s)
   "$PT" perplexity "$1" "$WORK/heldout.txt" --llama-cpp --ctx 512 --chunks "$2" --json -q |
-    sed -n 's/.*"ppl": \([0-9.e+-]*\).*/\1/p' | head -1
+    "$NODE" -e 'let s = ""; process.stdin.on("data", (d) => (s += d)).on("end", () =>
+      console.log(JSON.parse(s).results[0].full_forward.ppl));'
 }
 theirs() {  # NAME -> llama.cpp's figure in reference.md ("| q8_0 | 27.6261 ± 0.6461 |")
   sed -n "s/^| $1 | \([0-9.]*\) ±.*/\1/p" "$G/reference.md"
