@@ -50,7 +50,7 @@ if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
     extra=()
     [ -n "${PTLLM_SHARED_DIR:-}" ] && extra+=("-DPTLLM_SHARED_DIR=$PTLLM_SHARED_DIR")
     CC="$C_CLANG" CXX="$CXX_CLANG" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DPTLLM_FUZZ=ON -DPTLLM_BUILD_TESTS=OFF -DPTLLM_BUILD_BENCH=OFF "${extra[@]}" >/dev/null
+      -DPTLLM_FUZZ=ON -DPTLLM_CUDA=OFF -DPTLLM_BUILD_TESTS=OFF -DPTLLM_BUILD_BENCH=OFF "${extra[@]}" >/dev/null
   fi
   names=()
   for t in "${SELECTED[@]}"; do names+=("${t%%:*}"); done
