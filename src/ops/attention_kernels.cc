@@ -2,16 +2,13 @@
 // stored rotated, or pre-RoPE keys turned by a per-slot cos/sin table) and the
 // softmax-weighted sum of value rows. Scalar references; AVX2 / AVX-512
 // variants for the head_dims models use (others take the reference).
+#include <cstring>
+
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #if PTLLM_X86
 #include "ops/simd_util.h"
 #endif
-
-// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
-// once inlined; the warnings are about the headers, not this file.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ptllm::ops {
 namespace {
@@ -76,7 +73,25 @@ inline __m512 hsum16x16(__m512* a) {
                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// hd = 16 * NC: 16 keys per step, their sums reduced together.
+// 16 keys' dot products with q (rows of hd = 16 * NC floats at k), reduced
+// together: scores[0..16).
+template <int NC>
+inline void dot16_avx512(const __m512* qv, const float* k, __m512 sc, float* scores) {
+  constexpr int64_t hd = 16 * NC;
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    acc[j] = _mm512_mul_ps(_mm512_loadu_ps(k + j * hd), qv[0]);
+#pragma GCC unroll 8
+    for (int c = 1; c < NC; ++c) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(k + j * hd + 16 * c), qv[c], acc[j]);
+  }
+  _mm512_storeu_ps(scores, _mm512_mul_ps(hsum16x16(acc), sc));
+}
+
+// hd = 16 * NC: 16 keys per step. The last < 16 keys go through the same
+// 16-key code on a zero-padded copy, so a key's score does not depend on where
+// the run it is in starts or ends: a cache that splits its rows into runs
+// (sinks, ring) scores them exactly as one run would.
 template <int NC>
 void dot_rows_avx512(const float* q, const float* k, int64_t len, float scale, float* scores) {
   constexpr int64_t hd = 16 * NC;
@@ -84,58 +99,34 @@ void dot_rows_avx512(const float* q, const float* k, int64_t len, float scale, f
   __m512 qv[NC];
   for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
   int64_t t = 0;
-  for (; t + 16 <= len; t += 16) {
-    __m512 acc[16];
-    const float* kt = k + t * hd;
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      acc[j] = _mm512_mul_ps(_mm512_loadu_ps(kt + j * hd), qv[0]);
-#pragma GCC unroll 8
-      for (int c = 1; c < NC; ++c) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(kt + j * hd + 16 * c), qv[c], acc[j]);
-    }
-    _mm512_storeu_ps(scores + t, _mm512_mul_ps(hsum16x16(acc), sc));
-  }
-  for (; t < len; ++t) {
-    __m512 a = _mm512_setzero_ps();
-    for (int c = 0; c < NC; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(k + t * hd + 16 * c), qv[c], a);
-    scores[t] = _mm512_reduce_add_ps(a) * scale;
+  for (; t + 16 <= len; t += 16) dot16_avx512<NC>(qv, k + t * hd, sc, scores + t);
+  if (t < len) {
+    alignas(64) float pad[16 * hd] = {};
+    alignas(64) float out[16];
+    std::memcpy(pad, k + t * hd, size_t((len - t) * hd) * sizeof(float));
+    dot16_avx512<NC>(qv, pad, sc, out);
+    std::memcpy(scores + t, out, size_t(len - t) * sizeof(float));
   }
 }
 
-// hd = 16 * NC <= 128: the output row stays in registers, in S independent
-// partial sums (keys t, t+1, ... round-robin) so the FMA latency overlaps.
+// hd = 16 * NC <= 128: the output row stays in registers; keys are added in
+// order, one FMA chain per 16 lanes, so the sum is the same whether the keys
+// come in one run or several (sinks, then the ring), as in the reference.
 template <int NC>
 void weighted_sum_rows_avx512(const float* p, const float* v, int64_t len, float* out) {
   constexpr int64_t hd = 16 * NC;
-  constexpr int S = NC <= 2 ? 4 : NC <= 4 ? 2 : 1;
-  __m512 acc[S][NC];
-  for (int c = 0; c < NC; ++c) acc[0][c] = _mm512_loadu_ps(out + 16 * c);
-  for (int r = 1; r < S; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
-  int64_t t = 0;
-  for (; t + S <= len; t += S) {
-#pragma GCC unroll 4
-    for (int r = 0; r < S; ++r) {
-      // Masked keys have p == 0: skipped like the scalar reference (also keeps
-      // a non-finite stale value out of the sum).
-      const __m512 pt = _mm512_set1_ps(p[t + r]);
-      const __mmask16 live = p[t + r] != 0.f ? __mmask16(0xffff) : __mmask16(0);
-      const float* vt = v + (t + r) * hd;
-#pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c)
-        acc[r][c] = _mm512_mask3_fmadd_ps(pt, _mm512_maskz_loadu_ps(live, vt + 16 * c), acc[r][c], live);
-    }
-  }
-  for (; t < len; ++t) {
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_loadu_ps(out + 16 * c);
+  for (int64_t t = 0; t < len; ++t) {
+    // Masked keys have p == 0: skipped like the scalar reference (also keeps a
+    // non-finite stale value out of the sum).
     if (p[t] == 0.f) continue;
     const __m512 pt = _mm512_set1_ps(p[t]);
-    for (int c = 0; c < NC; ++c) acc[0][c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * hd + 16 * c), acc[0][c]);
+    const float* vt = v + t * hd;
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * c), acc[c]);
   }
-  for (int c = 0; c < NC; ++c) {
-    __m512 a = acc[0][c];
-    for (int r = 1; r < S; ++r) a = _mm512_add_ps(a, acc[r][c]);
-    _mm512_storeu_ps(out + 16 * c, a);
-  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
 #pragma GCC pop_options
