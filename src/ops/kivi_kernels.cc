@@ -4,64 +4,35 @@
 #include "ops/kivi_kernels.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "ops/dispatch.h"
+#include "ops/kivi_fold.h"
 #include "ops/neon_kernels.h"
 #include "ops/rope.h"
 #if PTLLM_X86
-#include <immintrin.h>
-
 #include "ops/simd_util.h"
 #endif
-
-// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
-// once inlined; the warnings are about the headers, not this file.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ptllm::ops {
 namespace {
 
 using detail::pick;
 
-constexpr int64_t kHalfMax = kMaxHeadDim / 2;
-
-// Per K group: the query folded with the group's per-channel scales and zeros
-// (and the softmax scale), for channel pairs (i, i + half):
-//   score(t) = sum_i cos_ti (P_i u_i + Q_i u_{i+h} + C1_i) + sin_ti (X_i u_i - Y_i u_{i+h} + C2_i)
-struct KeyCoef {
-  alignas(64) float P[kHalfMax], Q[kHalfMax], X[kHalfMax], Y[kHalfMax], C1[kHalfMax], C2[kHalfMax];
-};
+using detail::KeyCoef;
 
 void fold_group(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c) {
-  for (int64_t i = 0; i < half; ++i) {
-    const kivi::WideParams lo = kivi::widen(p[i]), hi = kivi::widen(p[i + half]);
-    const float ql = q[i] * scale, qh = q[i + half] * scale;
-    c.P[i] = ql * lo.scale;
-    c.Q[i] = qh * hi.scale;
-    c.X[i] = qh * lo.scale;
-    c.Y[i] = ql * hi.scale;
-    c.C1[i] = ql * lo.zero + qh * hi.zero;
-    c.C2[i] = qh * lo.zero - ql * hi.zero;
-  }
+  detail::fold_key_group(q, p, half, scale, c, [](kivi::Half h) { return h.widen(); });
 }
-
 #if PTLLM_X86
 // The same with the fp16 parameters widened by F16C (one instruction each
 // instead of the portable bit manipulation): used with the SIMD kernels.
 __attribute__((target("avx2,fma,f16c"))) void fold_group_f16c(const float* q, const kivi::AffineParams* p,
                                                               int64_t half, float scale, KeyCoef& c) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float ls = _cvtsh_ss(p[i].scale.bits()), lz = _cvtsh_ss(p[i].zero.bits());
-    const float hs = _cvtsh_ss(p[i + half].scale.bits()), hz = _cvtsh_ss(p[i + half].zero.bits());
-    const float ql = q[i] * scale, qh = q[i + half] * scale;
-    c.P[i] = ql * ls;
-    c.Q[i] = qh * hs;
-    c.X[i] = qh * ls;
-    c.Y[i] = ql * hs;
-    c.C1[i] = ql * lz + qh * hz;
-    c.C2[i] = qh * lz - ql * hz;
-  }
+  struct F16c {
+    __attribute__((target("f16c"))) float operator()(kivi::Half h) const { return _cvtsh_ss(h.bits()); }
+  };
+  detail::fold_key_group(q, p, half, scale, c, F16c{});
 }
 #else
 void fold_group_f16c(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c) {
@@ -341,91 +312,72 @@ __attribute__((target("avx2,fma,f16c"))) void key_tok_run_avx2(const TokenRun& r
 using KeyRunFn = void (*)(const TokenRun&, const KeyCoef&, const float*, const float*, float*);
 using ValueRunFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float*, float&);
 using KeyTokFn = void (*)(const TokenRun&, const kivi::AffineParams*, const float*, float, float, float*);
+// The SIMD variants are templates over the code width BITS and the number W of
+// 16-lane blocks in a row (a row of 16·W floats). by_bits / by_width turn the
+// run-time (bits, size) into those parameters once, for every kernel family.
+template <int N>
+using Const = std::integral_constant<int, N>;
+template <class Get>
+auto by_bits(int bits, Get get) {
+  switch (bits) {
+    case 8: return get(Const<8>{});
+    case 4: return get(Const<4>{});
+    case 3: return get(Const<3>{});
+    default: return get(Const<2>{});
+  }
+}
+// Null (no variant) unless size = 16·W for W in 1, 2, 4, 8 (and 16 when MAX_W is 16).
+template <int MAX_W, class Get>
+auto by_width(int64_t size, Get get) -> decltype(get(Const<1>{})) {
+  switch (size) {
+    case 16: return get(Const<1>{});
+    case 32: return get(Const<2>{});
+    case 64: return get(Const<4>{});
+    case 128: return get(Const<8>{});
+    case 256:
+      if constexpr (MAX_W >= 16) return get(Const<16>{});
+      [[fallthrough]];
+    default: return nullptr;
+  }
+}
+
+// Null: the scalar reference. Keys per channel work on half rows (the RoPE
+// halves), so their widths stop at 8 blocks (head_dim 256).
+KeyRunFn pick_key([[maybe_unused]] kivi::QuantRange r, [[maybe_unused]] int64_t half) {
 #if PTLLM_X86
-
-// Null when there is no variant of that ISA for this size.
-template <int BITS, bool A512>
-KeyRunFn key_variant(int64_t half) {
-  switch (half) {
-    case 16: return A512 ? key_run_avx512<BITS, 1> : key_run_avx2<BITS, 1>;
-    case 32: return A512 ? key_run_avx512<BITS, 2> : key_run_avx2<BITS, 2>;
-    case 64: return A512 ? key_run_avx512<BITS, 4> : key_run_avx2<BITS, 4>;
-    case 128: return A512 ? key_run_avx512<BITS, 8> : key_run_avx2<BITS, 8>;
-    default: return nullptr;
-  }
-}
-template <int BITS, bool A512>
-ValueRunFn value_variant(int64_t hd) {
-  switch (hd) {
-    case 16: return A512 ? value_run_avx512<BITS, 1> : value_run_avx2<BITS, 1>;
-    case 32: return A512 ? value_run_avx512<BITS, 2> : value_run_avx2<BITS, 2>;
-    case 64: return A512 ? value_run_avx512<BITS, 4> : value_run_avx2<BITS, 4>;
-    case 128: return A512 ? value_run_avx512<BITS, 8> : value_run_avx2<BITS, 8>;
-    case 256: return A512 ? value_run_avx512<BITS, 16> : value_run_avx2<BITS, 16>;
-    default: return nullptr;
-  }
-}
-template <int BITS, bool A512>
-KeyTokFn key_tok_variant(int64_t hd) {
-  switch (hd) {
-    case 16: return A512 ? key_tok_run_avx512<BITS, 1> : key_tok_run_avx2<BITS, 1>;
-    case 32: return A512 ? key_tok_run_avx512<BITS, 2> : key_tok_run_avx2<BITS, 2>;
-    case 64: return A512 ? key_tok_run_avx512<BITS, 4> : key_tok_run_avx2<BITS, 4>;
-    case 128: return A512 ? key_tok_run_avx512<BITS, 8> : key_tok_run_avx2<BITS, 8>;
-    case 256: return A512 ? key_tok_run_avx512<BITS, 16> : key_tok_run_avx2<BITS, 16>;
-    default: return nullptr;
-  }
-}
-#endif  // PTLLM_X86
-template <int BITS>
-KeyTokFn pick_key_tok_bits([[maybe_unused]] int64_t hd) {
-#if !PTLLM_X86
-  return nullptr;
+  return by_bits(r.bits, [&](auto b) {
+    using B = decltype(b);
+    return pick<KeyRunFn>(
+        nullptr, by_width<8>(half, [](auto w) -> KeyRunFn { return key_run_avx2<B::value, decltype(w)::value>; }),
+        by_width<8>(half, [](auto w) -> KeyRunFn { return key_run_avx512<B::value, decltype(w)::value>; }));
+  });
 #else
-  return pick<KeyTokFn>(nullptr, key_tok_variant<BITS, false>(hd), key_tok_variant<BITS, true>(hd));
+  return nullptr;
 #endif
 }
-KeyTokFn pick_key_tok(kivi::QuantRange r, int64_t hd) {
-  switch (r.bits) {
-    case 8: return pick_key_tok_bits<8>(hd);
-    case 4: return pick_key_tok_bits<4>(hd);
-    case 3: return pick_key_tok_bits<3>(hd);
-    default: return pick_key_tok_bits<2>(hd);
-  }
-}
-
-template <int BITS>
-KeyRunFn pick_key_bits(int64_t half) {
-#if !PTLLM_X86
-  return nullptr;
+ValueRunFn pick_value([[maybe_unused]] kivi::QuantRange r, [[maybe_unused]] int64_t hd) {
+#if PTLLM_X86
+  return by_bits(r.bits, [&](auto b) {
+    using B = decltype(b);
+    return pick<ValueRunFn>(
+        nullptr, by_width<16>(hd, [](auto w) -> ValueRunFn { return value_run_avx2<B::value, decltype(w)::value>; }),
+        by_width<16>(hd, [](auto w) -> ValueRunFn { return value_run_avx512<B::value, decltype(w)::value>; }));
+  });
 #else
-  return pick<KeyRunFn>(nullptr, key_variant<BITS, false>(half), key_variant<BITS, true>(half));
+  return nullptr;
 #endif
 }
-template <int BITS>
-ValueRunFn pick_value_bits(int64_t hd) {
-#if !PTLLM_X86
-  return nullptr;
+KeyTokFn pick_key_tok([[maybe_unused]] kivi::QuantRange r, [[maybe_unused]] int64_t hd) {
+#if PTLLM_X86
+  return by_bits(r.bits, [&](auto b) {
+    using B = decltype(b);
+    return pick<KeyTokFn>(
+        nullptr, by_width<16>(hd, [](auto w) -> KeyTokFn { return key_tok_run_avx2<B::value, decltype(w)::value>; }),
+        by_width<16>(hd, [](auto w) -> KeyTokFn { return key_tok_run_avx512<B::value, decltype(w)::value>; }));
+  });
 #else
-  return pick<ValueRunFn>(nullptr, value_variant<BITS, false>(hd), value_variant<BITS, true>(hd));
+  return nullptr;
 #endif
-}
-// Null: the scalar reference.
-KeyRunFn pick_key(kivi::QuantRange r, int64_t half) {
-  switch (r.bits) {
-    case 8: return pick_key_bits<8>(half);
-    case 4: return pick_key_bits<4>(half);
-    case 3: return pick_key_bits<3>(half);
-    default: return pick_key_bits<2>(half);
-  }
-}
-ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) {
-  switch (r.bits) {
-    case 8: return pick_value_bits<8>(hd);
-    case 4: return pick_value_bits<4>(hd);
-    case 3: return pick_value_bits<3>(hd);
-    default: return pick_value_bits<2>(hd);
-  }
 }
 
 }  // namespace

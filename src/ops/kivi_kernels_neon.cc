@@ -12,13 +12,12 @@
 
 #include <cstring>
 
+#include "ops/kivi_fold.h"
 #include "ops/neon_kernels.h"
 #include "ops/rope.h"
 
 namespace ptllm::ops::neon {
 namespace {
-
-constexpr int64_t kHalfMax = kMaxHeadDim / 2;
 
 inline float h2f(kivi::Half h) {
   const uint16_t b = h.bits();
@@ -58,26 +57,14 @@ inline void widen16(uint8x16_t x, float32x4_t* f) {
   f[3] = vcvtq_f32_u32(vmovl_high_u16(hi));
 }
 
-struct KeyCoef {
-  alignas(16) float P[kHalfMax], Q[kHalfMax], X[kHalfMax], Y[kHalfMax], C1[kHalfMax], C2[kHalfMax];
-};
+using detail::KeyCoef;
 
 template <int BITS>
 void key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffineParams* params, const float* q,
                 float scale, const float* kcos, const float* ksin, float* scores) {
   const int64_t half = k.head_dim / 2, nb = half / 16;
   KeyCoef c;
-  for (int64_t i = 0; i < half; ++i) {
-    const float ls = h2f(params[i].scale), lz = h2f(params[i].zero);
-    const float hs = h2f(params[i + half].scale), hz = h2f(params[i + half].zero);
-    const float ql = q[i] * scale, qh = q[i + half] * scale;
-    c.P[i] = ql * ls;
-    c.Q[i] = qh * hs;
-    c.X[i] = qh * ls;
-    c.Y[i] = ql * hs;
-    c.C1[i] = ql * lz + qh * hz;
-    c.C2[i] = qh * lz - ql * hz;
-  }
+  detail::fold_key_group(q, params, half, scale, c, h2f);
   int64_t pr = k.phys(t0);
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* row = k.base + size_t(pr) * k.row_bytes;

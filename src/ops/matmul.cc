@@ -13,13 +13,8 @@
 #include "ops/ops.h"
 
 #if PTLLM_X86
-#include <immintrin.h>
+#include "ops/simd_util.h"
 #endif
-
-// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
-// once inlined; the warnings are about the headers, not this file.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ptllm::ops {
 namespace {

@@ -13,7 +13,7 @@
 #include "ops/quant.h"
 
 #if PTLLM_X86
-#include <immintrin.h>
+#include "ops/simd_util.h"
 #endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -21,11 +21,6 @@
 #if defined(__aarch64__) && defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
-
-// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
-// once inlined; the warnings are about the headers, not this file.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ptllm::ops {
 namespace {
@@ -47,94 +42,64 @@ float dot_f16_scalar(const uint16_t* w, const float* x, int64_t n) {
 }
 
 #if PTLLM_X86
-// ---------- AVX2 + FMA + F16C ----------
-__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
-__attribute__((target("avx2,fma"))) float dot_f32_avx2(const float* a, const float* b, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum256(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-__attribute__((target("avx2,fma"))) inline __m256 load_bf16x8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+// ---------- AVX2 + FMA + F16C and AVX-512F ----------
+// One template per ISA over the weight type: two accumulators over 2·L lanes
+// a step, one more L-lane step, then a scalar tail. Loads widen 8 (AVX2) or 16
+// (AVX-512) weights to fp32: bf16 by a 16-bit shift, fp16 by F16C.
+struct RowF32 {
+  using T = float;
+  static float at(const float* p, int64_t i) { return p[i]; }
+};
+struct RowBF16 {
+  using T = uint16_t;
+  static float at(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+};
+struct RowF16 {
+  using T = uint16_t;
+  static float at(const uint16_t* p, int64_t i) { return f16_to_f32(p[i]); }
+};
+
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(RowF32, const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(RowBF16, const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-__attribute__((target("avx2,fma"))) float dot_bf16_avx2(const uint16_t* w, const float* x, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(RowF16, const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <class Row>
+__attribute__((target("avx2,fma,f16c"))) float dot_avx2(const typename Row::T* w, const float* x, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
-    s1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+    s0 = _mm256_fmadd_ps(load8(Row{}, w + i), _mm256_loadu_ps(x + i), s0);
+    s1 = _mm256_fmadd_ps(load8(Row{}, w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
-  float s = hsum256(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
-  return s;
-}
-__attribute__((target("avx2,fma,f16c"))) float dot_f16_avx2(const uint16_t* w, const float* x, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 wf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
-    s0 = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), s0);
-  }
-  float s = hsum256(s0);
-  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(Row{}, w + i), _mm256_loadu_ps(x + i), s0);
+  float s = detail::hsum8(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += Row::at(w, i) * x[i];
   return s;
 }
 
-// ---------- AVX-512F ----------
-__attribute__((target("avx512f"))) float dot_f32_avx512(const float* a, const float* b, int64_t n) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-  }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-  if (i < n) {
-    __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-__attribute__((target("avx512f"))) inline __m512 load_bf16x16(const uint16_t* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+__attribute__((target("avx512f"))) inline __m512 load16(RowF32, const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"))) inline __m512 load16(RowBF16, const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-__attribute__((target("avx512f"))) float dot_bf16_avx512(const uint16_t* w, const float* x, int64_t n) {
+__attribute__((target("avx512f"))) inline __m512 load16(RowF16, const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+template <class Row>
+__attribute__((target("avx512f"))) float dot_avx512(const typename Row::T* w, const float* x, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
-    s1 = _mm512_fmadd_ps(load_bf16x16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+    s0 = _mm512_fmadd_ps(load16(Row{}, w + i), _mm512_loadu_ps(x + i), s0);
+    s1 = _mm512_fmadd_ps(load16(Row{}, w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
   }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load16(Row{}, w + i), _mm512_loadu_ps(x + i), s0);
   float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
-  return s;
-}
-__attribute__((target("avx512f"))) float dot_f16_avx512(const uint16_t* w, const float* x, int64_t n) {
-  __m512 s0 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 wf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
-    s0 = _mm512_fmadd_ps(wf, _mm512_loadu_ps(x + i), s0);
-  }
-  float s = _mm512_reduce_add_ps(s0);
-  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  for (; i < n; ++i) s += Row::at(w, i) * x[i];
   return s;
 }
 
@@ -221,11 +186,11 @@ struct RowKernels {
   void (*widen_f16)(const uint16_t*, float*, int64_t);
 };
 RowKernels pick_row_kernels() {
-  return {pick(dot_f32_scalar, PTLLM_X86_FN(dot_f32_avx2), PTLLM_X86_FN(dot_f32_avx512),
+  return {pick(dot_f32_scalar, PTLLM_X86_FN(dot_avx2<RowF32>), PTLLM_X86_FN(dot_avx512<RowF32>),
                PTLLM_NEON_FN(neon::dot_f32)),
-          pick(dot_bf16_scalar, PTLLM_X86_FN(dot_bf16_avx2), PTLLM_X86_FN(dot_bf16_avx512),
+          pick(dot_bf16_scalar, PTLLM_X86_FN(dot_avx2<RowBF16>), PTLLM_X86_FN(dot_avx512<RowBF16>),
                PTLLM_NEON_FN(neon::dot_bf16)),
-          pick(dot_f16_scalar, PTLLM_X86_FN(dot_f16_avx2), PTLLM_X86_FN(dot_f16_avx512),
+          pick(dot_f16_scalar, PTLLM_X86_FN(dot_avx2<RowF16>), PTLLM_X86_FN(dot_avx512<RowF16>),
                PTLLM_NEON_FN(neon::dot_f16)),
           pick(widen_f16_scalar, PTLLM_X86_FN(widen_f16_f16c), PTLLM_X86_FN(widen_f16_f16c),
                PTLLM_NEON_FN(neon::widen_f16))};

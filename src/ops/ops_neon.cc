@@ -47,52 +47,45 @@ inline float32x4_t exp4(float32x4_t x) {
 
 }  // namespace
 
+namespace {
+// The weight row types of the dots: 4 lanes widened to fp32, and one element.
+struct RowF32 {
+  using T = float;
+  static float32x4_t load4(const float* p) { return vld1q_f32(p); }
+  static float at(const float* p, int64_t i) { return p[i]; }
+};
+struct RowBF16 {
+  using T = uint16_t;
+  static float32x4_t load4(const uint16_t* p) { return bf16x4(p); }
+  static float at(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+};
+struct RowF16 {
+  using T = uint16_t;
+  static float32x4_t load4(const uint16_t* p) { return f16x4(p); }
+  static float at(const uint16_t* p, int64_t i) { return f16_to_f32(p[i]); }
+};
 // Four accumulators (16 elements per step) hide the FMA latency; the
 // remainder is scalar, in order.
-float dot_f32(const float* a, const float* b, int64_t n) {
+template <class Row>
+float dot_row(const typename Row::T* w, const float* x, int64_t n) {
   float32x4_t s0 = vdupq_n_f32(0.f), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
-    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
-    s2 = vfmaq_f32(s2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
-    s3 = vfmaq_f32(s3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    s0 = vfmaq_f32(s0, Row::load4(w + i), vld1q_f32(x + i));
+    s1 = vfmaq_f32(s1, Row::load4(w + i + 4), vld1q_f32(x + i + 4));
+    s2 = vfmaq_f32(s2, Row::load4(w + i + 8), vld1q_f32(x + i + 8));
+    s3 = vfmaq_f32(s3, Row::load4(w + i + 12), vld1q_f32(x + i + 12));
   }
-  for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+  for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, Row::load4(w + i), vld1q_f32(x + i));
   float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += Row::at(w, i) * x[i];
   return s;
 }
+}  // namespace
 
-float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
-  float32x4_t s0 = vdupq_n_f32(0.f), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, bf16x4(w + i), vld1q_f32(x + i));
-    s1 = vfmaq_f32(s1, bf16x4(w + i + 4), vld1q_f32(x + i + 4));
-    s2 = vfmaq_f32(s2, bf16x4(w + i + 8), vld1q_f32(x + i + 8));
-    s3 = vfmaq_f32(s3, bf16x4(w + i + 12), vld1q_f32(x + i + 12));
-  }
-  for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, bf16x4(w + i), vld1q_f32(x + i));
-  float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
-  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
-  return s;
-}
-
-float dot_f16(const uint16_t* w, const float* x, int64_t n) {
-  float32x4_t s0 = vdupq_n_f32(0.f), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = vfmaq_f32(s0, f16x4(w + i), vld1q_f32(x + i));
-    s1 = vfmaq_f32(s1, f16x4(w + i + 4), vld1q_f32(x + i + 4));
-    s2 = vfmaq_f32(s2, f16x4(w + i + 8), vld1q_f32(x + i + 8));
-    s3 = vfmaq_f32(s3, f16x4(w + i + 12), vld1q_f32(x + i + 12));
-  }
-  for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, f16x4(w + i), vld1q_f32(x + i));
-  float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
-  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
-  return s;
-}
+float dot_f32(const float* a, const float* b, int64_t n) { return dot_row<RowF32>(a, b, n); }
+float dot_bf16(const uint16_t* w, const float* x, int64_t n) { return dot_row<RowBF16>(w, x, n); }
+float dot_f16(const uint16_t* w, const float* x, int64_t n) { return dot_row<RowF16>(w, x, n); }
 
 // FCVTL is exact for every fp16 (subnormals, inf, NaN), as f16_to_f32 is.
 void widen_f16(const uint16_t* src, float* dst, int64_t n) {

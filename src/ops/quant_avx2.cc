@@ -1,11 +1,10 @@
 // AVX2 (+FMA, F16C) quantised dot kernels: u8 x s8 products through maddubs
 // (pairs -> i16) and madd (-> i32). Kernel bodies: quant_simd.inc.
-#include <immintrin.h>
-
 #include <cstring>
 #include <type_traits>
 
 #include "ops/quant_impl.h"
+#include "ops/simd_util.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")

@@ -2,16 +2,11 @@
 // does u8 x s8 -> i32 accumulate in one instruction, dpwssd the scaled i16
 // pair sums of the K types. Kernel bodies: quant_simd.inc. CPUs with AVX-512F
 // but without VNNI/VL/BW get the AVX2 kernels at this level.
-#include <immintrin.h>
-
 #include <cstring>
 #include <type_traits>
 
 #include "ops/quant_impl.h"
-
-// GCC 12's AVX-512 headers trip these once inlined (as in ops.cc).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "ops/simd_util.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")

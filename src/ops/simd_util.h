@@ -1,6 +1,13 @@
-// Small x86 helpers shared by the SIMD kernels of src/ops (internal).
+// Small x86 helpers shared by the SIMD kernels of src/ops (internal); every
+// x86 kernel file includes this instead of <immintrin.h>.
 #pragma once
 #include <immintrin.h>
+
+// GCC 12's own AVX-512 intrinsics headers trip these on _mm512_undefined_*()
+// once inlined; the warnings are about the headers, not the kernels. (They
+// hold for the rest of the including file, which is the point.)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ptllm::ops::detail {
 
