@@ -179,14 +179,27 @@ std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, 
              : make_value_store(s, n_heads, capacity, head_dim, sink);
 }
 
-// ---------------- KIVI keys: per channel ----------------
+// ---------------- simple KIVI: shared ----------------
 
-KiviKeyStore::KiviKeyStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim)
+KiviCodeStore::KiviCodeStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim,
+                             size_t n_params)
     : KVStore(n_heads, capacity, head_dim),
       r_(r),
       row_(kivi::row_bytes(head_dim, r)),
       codes_(size_t(n_heads * capacity) * row_),
-      params_(size_t(n_heads * head_dim)) {}
+      params_(n_params) {}
+
+void KiviCodeStore::evict_codes(int64_t begin, int64_t end) {
+  for (int64_t h = 0; h < n_heads_; ++h) {
+    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
+    std::memmove(base + size_t(begin) * row_, base + size_t(end) * row_, size_t(len_ - end) * row_);
+  }
+}
+
+// ---------------- KIVI keys: per channel ----------------
+
+KiviKeyStore::KiviKeyStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim)
+    : KiviCodeStore(r, n_heads, capacity, head_dim, size_t(n_heads * head_dim)) {}
 
 void KiviKeyStore::append(const float* x, int64_t n) {
   const int64_t hd = head_dim_, old = len_, total = len_ + n;
@@ -237,10 +250,7 @@ void KiviKeyStore::append(const float* x, int64_t n) {
 void KiviKeyStore::evict(int64_t begin, int64_t end) {
   // Codes are sliced; the per-channel parameters still cover every kept row
   // (they were chosen over a superset) and are recomputed at the next append.
-  for (int64_t h = 0; h < n_heads_; ++h) {
-    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
-    std::memmove(base + size_t(begin) * row_, base + size_t(end) * row_, size_t(len_ - end) * row_);
-  }
+  evict_codes(begin, end);
   len_ -= end - begin;
 }
 
@@ -256,7 +266,6 @@ void KiviKeyStore::read(int64_t head, float* out) const {
   for (int64_t t = 0; t < len_; ++t) kivi::dequantise_row(base + size_t(t) * row_, hd, r_, scale, zero, out + t * hd);
 }
 
-size_t KiviKeyStore::payload_bytes() const { return size_t(len_ * n_heads_) * row_; }
 // One fp16 scale + one fp16 zero per (head, channel), held once anything is stored.
 size_t KiviKeyStore::scale_bytes() const {
   return len_ > 0 ? size_t(n_heads_ * head_dim_) * sizeof(kivi::AffineParams) : 0;
@@ -265,11 +274,7 @@ size_t KiviKeyStore::scale_bytes() const {
 // ---------------- KIVI values: per token ----------------
 
 KiviValueStore::KiviValueStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim)
-    : KVStore(n_heads, capacity, head_dim),
-      r_(r),
-      row_(kivi::row_bytes(head_dim, r)),
-      codes_(size_t(n_heads * capacity) * row_),
-      params_(size_t(n_heads * capacity)) {}
+    : KiviCodeStore(r, n_heads, capacity, head_dim, size_t(n_heads * capacity)) {}
 
 void KiviValueStore::append(const float* x, int64_t n) {
   const int64_t hd = head_dim_;
@@ -293,9 +298,8 @@ void KiviValueStore::append(const float* x, int64_t n) {
 
 void KiviValueStore::evict(int64_t begin, int64_t end) {
   // Codes and their per-token parameters move together.
+  evict_codes(begin, end);
   for (int64_t h = 0; h < n_heads_; ++h) {
-    uint8_t* base = codes_.data() + size_t(h * capacity_) * row_;
-    std::memmove(base + size_t(begin) * row_, base + size_t(end) * row_, size_t(len_ - end) * row_);
     kivi::AffineParams* pb = params_.data() + h * capacity_;
     std::memmove(pb + begin, pb + end, size_t(len_ - end) * sizeof(kivi::AffineParams));
   }
@@ -310,7 +314,6 @@ void KiviValueStore::read(int64_t head, float* out) const {
     kivi::dequantise_row(base + size_t(t) * row_, hd, r_, kivi::widen(pb[t]), out + t * hd);
 }
 
-size_t KiviValueStore::payload_bytes() const { return size_t(len_ * n_heads_) * row_; }
 size_t KiviValueStore::scale_bytes() const { return size_t(len_ * n_heads_) * sizeof(kivi::AffineParams); }
 
 }  // namespace ptllm

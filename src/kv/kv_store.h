@@ -99,47 +99,50 @@ std::unique_ptr<KVStore> make_value_store(KVStorage storage, int64_t n_heads, in
 std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, int64_t n_heads, int64_t capacity,
                                     int64_t head_dim);
 
-// KIVI keys: one (scale, zero) per (head, channel) over all stored tokens,
-// recomputed on every append (dequantise, append, re-quantise). Codes are
-// [n_heads, capacity, row_bytes]; params [n_heads, head_dim].
-class KiviKeyStore : public KVStore {
+// What the two simple (ungrouped) KIVI stores share: packed codes
+// [n_heads, capacity, row_bytes] and n_params (scale, zero) pairs.
+class KiviCodeStore : public KVStore {
  public:
-  KiviKeyStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim);
-  void append(const float* x, int64_t n) override;
-  void evict(int64_t begin, int64_t end) override;
-  void read(int64_t head, float* out) const override;
-  size_t payload_bytes() const override;
-  size_t scale_bytes() const override;
-  const kivi::AffineParams& params(int64_t head, int64_t channel) const {
-    return params_[size_t(head * head_dim_ + channel)];
-  }
+  size_t payload_bytes() const override { return size_t(len_ * n_heads_) * row_; }
 
- private:
+ protected:
+  KiviCodeStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim, size_t n_params);
+  // Slides code rows [end, len) of every head down to `begin`.
+  void evict_codes(int64_t begin, int64_t end);
+
   kivi::QuantRange r_;
   size_t row_;  // bytes per packed row
   std::vector<uint8_t> codes_;
   std::vector<kivi::AffineParams> params_;
 };
 
-// KIVI values: one (scale, zero) per (head, token) over the channels. Codes
-// [n_heads, capacity, row_bytes]; params [n_heads, capacity].
-class KiviValueStore : public KVStore {
+// KIVI keys: one (scale, zero) per (head, channel) over all stored tokens,
+// recomputed on every append (dequantise, append, re-quantise). Params
+// [n_heads, head_dim].
+class KiviKeyStore : public KiviCodeStore {
+ public:
+  KiviKeyStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim);
+  void append(const float* x, int64_t n) override;
+  void evict(int64_t begin, int64_t end) override;
+  void read(int64_t head, float* out) const override;
+  size_t scale_bytes() const override;
+  const kivi::AffineParams& params(int64_t head, int64_t channel) const {
+    return params_[size_t(head * head_dim_ + channel)];
+  }
+};
+
+// KIVI values: one (scale, zero) per (head, token) over the channels. Params
+// [n_heads, capacity].
+class KiviValueStore : public KiviCodeStore {
  public:
   KiviValueStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim);
   void append(const float* x, int64_t n) override;
   void evict(int64_t begin, int64_t end) override;
   void read(int64_t head, float* out) const override;
-  size_t payload_bytes() const override;
   size_t scale_bytes() const override;
   const kivi::AffineParams& params(int64_t head, int64_t slot) const {
     return params_[size_t(head * capacity_ + slot)];
   }
-
- private:
-  kivi::QuantRange r_;
-  size_t row_;
-  std::vector<uint8_t> codes_;
-  std::vector<kivi::AffineParams> params_;
 };
 
 }  // namespace ptllm
