@@ -38,6 +38,12 @@ enum class NormForm { NFC, NFD, NFKC, NFKD };
 std::string unicode_normalize(std::string_view s, NormForm form);
 std::string unicode_lowercase(std::string_view s);
 
+class Regex;
+// The HF `Replace` step (normalizer and decoder alike): every non-overlapping
+// match of `regex` (or, when it is null, of the literal `from`; an empty one
+// matches nothing), left to right, becomes `to`.
+void replace_matches(std::string& s, const Regex* regex, std::string_view from, std::string_view to);
+
 // GPT-2 byte <-> printable code point mapping.
 const uint32_t* byte_to_cp();  // 256 entries
 int byte_from_cp(uint32_t cp);  // -1 if not part of the alphabet
@@ -236,6 +242,12 @@ struct Bpe {
   void tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const;
   void tokenize_cached(std::string_view word, std::vector<int32_t>& out) const;
 };
+
+// Byte-level BPE (GPT-2 alphabet): points bpe.byte_sym at each byte's symbol
+// and fills raw_vocab / raw_map with every token's bytes, so encoding can skip
+// the byte -> code point mapping (raw_bytes). Returns -1, or the first byte
+// whose symbol the vocabulary lacks (then nothing is switched on).
+int link_byte_level(Bpe& bpe);
 
 struct PostProcessor {
   enum class Kind { None, Template, ByteLevel, Sequence, Bert } kind = Kind::None;

@@ -89,29 +89,8 @@ void build_gpt2(const GgufVocab& v, const PreSpec& pre, const std::string& where
     bpe.merges.insert(ia, ib, int32_t(r), im);
   }
   // Words arrive as raw bytes (Bpe::raw_bytes): every byte needs its GPT-2 symbol.
-  const uint32_t* map = tok_detail::byte_to_cp();
-  for (int b = 0; b < 256; ++b) {
-    std::string ch;
-    tok_detail::utf8_append(ch, map[b]);
-    bpe.byte_sym[b] = bpe.vocab_map.find(ch);
-    if (bpe.byte_sym[b] < 0) fail("{}: gpt2 vocabulary lacks the byte-level symbol for byte 0x{:02X}", where, b);
-  }
-  bpe.raw_vocab.assign(bpe.vocab.size(), std::string());
-  bpe.raw_map.build(&bpe.raw_vocab, bpe.vocab.size());
-  for (size_t id = 0; id < bpe.vocab.size(); ++id) {
-    const std::string& s = bpe.vocab[id];
-    std::string raw;
-    bool ok = !s.empty();
-    for (size_t i = 0; ok && i < s.size();) {
-      const int b = tok_detail::byte_from_cp(tok_detail::utf8_next(s, i));
-      ok = b >= 0;
-      raw.push_back(char(b));
-    }
-    if (!ok) continue;
-    bpe.raw_vocab[id] = std::move(raw);
-    bpe.raw_map.insert(int32_t(id));
-  }
-  bpe.raw_bytes = true;
+  if (const int b = tok_detail::link_byte_level(bpe); b >= 0)
+    fail("{}: gpt2 vocabulary lacks the byte-level symbol for byte 0x{:02X}", where, b);
   auto lv = std::const_pointer_cast<LlamaVocab>(t.llama);
   for (const char* re : pre.regexes) lv->splits.push_back(std::make_shared<Regex>(re, where + ": tokenizer.ggml.pre"));
   t.byte_level = true;

@@ -335,30 +335,7 @@ void enable_raw_bytes(PreTokenizer& pt, Bpe& bpe) {
   while (last->kind == PreTokenizer::Kind::Sequence && !last->children.empty()) last = &last->children.back();
   if (last->kind != PreTokenizer::Kind::ByteLevel) return;
   if (!bpe.continuing_subword_prefix.empty() || !bpe.end_of_word_suffix.empty()) return;
-  const uint32_t* map = byte_to_cp();
-  for (int b = 0; b < 256; ++b) {
-    std::string ch;
-    utf8_append(ch, map[b]);
-    bpe.byte_sym[b] = bpe.vocab_map.find(ch);
-    if (bpe.byte_sym[b] < 0) return;
-  }
-  bpe.raw_vocab.assign(bpe.vocab.size(), std::string());
-  bpe.raw_map.build(&bpe.raw_vocab, bpe.vocab.size());
-  for (size_t id = 0; id < bpe.vocab.size(); ++id) {
-    const std::string& v = bpe.vocab[id];
-    std::string raw;
-    size_t i = 0;
-    bool ok = !v.empty();
-    while (ok && i < v.size()) {
-      const int b = byte_from_cp(utf8_next(v, i));
-      ok = b >= 0;
-      raw.push_back(char(b));
-    }
-    if (!ok) continue;
-    bpe.raw_vocab[id] = std::move(raw);
-    bpe.raw_map.insert(int32_t(id));
-  }
-  bpe.raw_bytes = true;
+  if (link_byte_level(bpe) >= 0) return;
   last->defer_mapping = true;
 }
 

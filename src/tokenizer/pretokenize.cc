@@ -10,23 +10,6 @@ namespace ptllm::tok_detail {
 
 namespace {
 
-void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  if (from.empty()) return;
-  size_t pos = s.find(from);
-  if (pos == std::string::npos) return;
-  std::string out;
-  out.reserve(s.size() + (to.size() > from.size() ? (to.size() - from.size()) * 8 : 0));
-  size_t last = 0;
-  while (pos != std::string::npos) {
-    out.append(s, last, pos - last);
-    out.append(to);
-    last = pos + from.size();
-    pos = s.find(from, last);
-  }
-  out.append(s, last, std::string::npos);
-  s.swap(out);
-}
-
 // (start, end, is_match) covering the whole string, like HF's Pattern::find_matches.
 struct Span {
   size_t b, e;
@@ -147,22 +130,7 @@ void Normalizer::apply(std::string& s) const {
       if (!s.empty()) s.insert(0, a);
       break;
     case Kind::Replace:
-      if (regex) {
-        std::vector<std::pair<size_t, size_t>> m;
-        regex->find_all(s, m);
-        if (m.empty()) break;
-        std::string out;
-        size_t last = 0;
-        for (auto [mb, me] : m) {
-          out.append(s, last, mb - last);
-          out.append(b);
-          last = me;
-        }
-        out.append(s, last, std::string::npos);
-        s.swap(out);
-      } else {
-        replace_all(s, a, b);
-      }
+      replace_matches(s, regex.get(), a, b);
       break;
     case Kind::Unicode:
       s = unicode_normalize(s, form);
@@ -286,7 +254,7 @@ void PreTokenizer::run(Piece& p, PieceSink sink) const {
       emit_split(p, spans, individual_digits ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, out);
       break;
     case Kind::Metaspace: {
-      replace_all(p.text, " ", replacement);
+      replace_matches(p.text, nullptr, " ", replacement);
       const bool starts = p.text.compare(0, replacement.size(), replacement) == 0;
       if (!starts && (prepend_scheme == 0 || (prepend_scheme == 1 && p.at_origin))) p.text = replacement + p.text;
       if (!split) {

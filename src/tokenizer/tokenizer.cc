@@ -46,25 +46,7 @@ void Decoder::apply(std::vector<std::string>& tokens) const {
       for (const auto& c : children) c.apply(tokens);
       break;
     case Kind::Replace:
-      for (std::string& t : tokens) {
-        std::vector<std::pair<size_t, size_t>> m;
-        if (regex) {
-          regex->find_all(t, m);
-        } else if (!a.empty()) {
-          for (size_t pos = t.find(a); pos != std::string::npos; pos = t.find(a, pos + a.size()))
-            m.emplace_back(pos, pos + a.size());
-        }
-        if (m.empty()) continue;
-        std::string out;
-        size_t last = 0;
-        for (auto [mb, me] : m) {
-          out.append(t, last, mb - last);
-          out.append(b);
-          last = me;
-        }
-        out.append(t, last, std::string::npos);
-        t.swap(out);
-      }
+      for (std::string& t : tokens) replace_matches(t, regex.get(), a, b);
       break;
     case Kind::ByteFallback: {
       // Runs of <0xHH> pieces become their bytes if those form valid UTF-8;

@@ -55,6 +55,54 @@ Regex::Regex(const std::string& pattern, const std::string& what) {
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
+int link_byte_level(Bpe& bpe) {
+  const uint32_t* map = byte_to_cp();
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    utf8_append(ch, map[b]);
+    bpe.byte_sym[b] = bpe.vocab_map.find(ch);
+    if (bpe.byte_sym[b] < 0) return b;
+  }
+  bpe.raw_vocab.assign(bpe.vocab.size(), std::string());
+  bpe.raw_map.build(&bpe.raw_vocab, bpe.vocab.size());
+  for (size_t id = 0; id < bpe.vocab.size(); ++id) {
+    const std::string& v = bpe.vocab[id];
+    std::string raw;
+    bool ok = !v.empty();
+    for (size_t i = 0; ok && i < v.size();) {
+      const int b = byte_from_cp(utf8_next(v, i));
+      ok = b >= 0;
+      raw.push_back(char(b));
+    }
+    if (!ok) continue;
+    bpe.raw_vocab[id] = std::move(raw);
+    bpe.raw_map.insert(int32_t(id));
+  }
+  bpe.raw_bytes = true;
+  return -1;
+}
+
+void replace_matches(std::string& s, const Regex* regex, std::string_view from, std::string_view to) {
+  std::vector<std::pair<size_t, size_t>> m;
+  if (regex) {
+    regex->find_all(s, m);
+  } else if (!from.empty()) {
+    for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + from.size()))
+      m.emplace_back(pos, pos + from.size());
+  }
+  if (m.empty()) return;
+  std::string out;
+  out.reserve(s.size() + m.size() * to.size());
+  size_t last = 0;
+  for (auto [mb, me] : m) {
+    out.append(s, last, mb - last);
+    out.append(to);
+    last = me;
+  }
+  out.append(s, last, std::string::npos);
+  s.swap(out);
+}
+
 void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
   for_each(s, [&](size_t b, size_t e) { out.emplace_back(b, e); });
 }
