@@ -7,83 +7,84 @@
 namespace ptllm::cli {
 namespace {
 
-// One flag per CacheSpec field (kv/cache_spec.h has the fields' meaning).
-constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
-    {"quantize", "--kv-quantize"},          {"quantize_k", "--kv-quantize-k"},
-    {"quantize_v", "--kv-quantize-v"},      {"sink", "--streaming-llm-sink"},
-    {"window", "--streaming-llm-window"},   {"rope", "--streaming-llm-rope"},
-    {"kivi_group", "--kivi-group"},         {"kivi_residual", "--kivi-residual"},
-    {"residual_dtype", "--kivi-residual-dtype"}, {"rotate", "--kv-rotate"},
-    {"k_axis", "--kivi-k-axis"}};
+// One flag per CacheSpec field (kv/cache_spec.h has the fields' meaning), in
+// --help order; `kivi` marks the ones cache-table takes too.
+struct CacheFlag {
+  std::string_view field, flag, type, help;
+  bool kivi;
+};
+constexpr std::string_view kStorages = "fp32|fp16|bf16|int8|int4|int3|int2";
+constexpr CacheFlag kFlags[] = {
+    {"quantize", "--kv-quantize", kStorages,
+     "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int3, int2 (int8/int4/int3/int2 = KIVI: "
+     "K per-channel, V per-token)",
+     false},
+    {"quantize_k", "--kv-quantize-k", kStorages,
+     "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2", true},
+    {"quantize_v", "--kv-quantize-v", kStorages, "Storage of V only (overrides --kv-quantize for values)", true},
+    {"kivi_group", "--kivi-group", "INT>=0",
+     "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over all stored "
+     "tokens, re-quantised on append)",
+     true},
+    {"kivi_residual", "--kivi-residual", "INT>=0",
+     "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)", true},
+    {"residual_dtype", "--kivi-residual-dtype", "fp32|fp16|bf16",
+     "Grouped KIVI: storage of the residual and sink tokens, fp16 (default), bf16 or fp32; widened to fp32 for "
+     "attention",
+     true},
+    {"k_axis", "--kivi-k-axis", "channel|token",
+     "Grouped KIVI keys: channel (default; per channel in groups of --kivi-group) or token (one scale+zero per "
+     "token)",
+     true},
+    {"rotate", "--kv-rotate", "none|hadamard",
+     "Rotate K (after RoPE), Q and V per KV head by a fixed seeded randomised Hadamard transform before storing "
+     "(scores unchanged; outliers spread before quantising); needs head_dim a power of two",
+     true},
+    {"sink", "--streaming-llm-sink", "INT>=0",
+     "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window", false},
+    {"window", "--streaming-llm-window", "INT>=0",
+     "StreamingLLM: keep only the last M tokens beyond the sinks (bounds the cache to N+M tokens); 0 = unbounded "
+     "(the default)",
+     false},
+    {"rope", "--streaming-llm-rope", "absolute|reposition",
+     "reposition (default: keys stored before RoPE, rotated by cache slot) or absolute (keys keep their original "
+     "position)",
+     false},
+};
 
-// Adds the flag of `field`; its value goes straight into spec.set, which parses
-// it once. A bad value is a CLI11 error "<flag>: got <value>, expected ...".
-void add_spec_flag(CLI::App* cmd, CacheSpec& spec, std::string_view field, const std::string& help,
-                   const std::string& type) {
-  const std::string flag = cache_flag_name(field);
+// Adds the flag of `f`; its value goes straight into spec.set, which parses it
+// once. A bad value is a CLI11 error "<flag>: got <value>, expected ...".
+void add_spec_flag(CLI::App* cmd, CacheSpec& spec, const CacheFlag& f) {
+  const std::string flag(f.flag);
+  const std::string_view field = f.field;
   cmd->add_option_function<std::string>(
          flag,
          [&spec, field, flag](const std::string& s) {
            if (auto issue = spec.set(field, s)) throw CLI::ValidationError(flag, "got " + s + ", expected " + issue->expected);
          },
-         help)
-      ->type_name(type);
+         std::string(f.help))
+      ->type_name(std::string(f.type));
 }
 
 }  // namespace
 
 std::string cache_flag_name(std::string_view field) {
-  for (const auto& [f, flag] : kFlags)
-    if (f == field) return std::string(flag);
+  for (const CacheFlag& f : kFlags)
+    if (f.field == field) return std::string(f.flag);
   return std::string(field);
 }
 
 std::string flag_message(const CacheSpecError& e) { return e.issue().message(cache_flag_name); }
 
 void add_kivi_flags(CLI::App* cmd, CacheSpec& o) {
-  add_spec_flag(cmd, o, "quantize_k",
-                "Storage of K only (overrides --kv-quantize for keys), e.g. --kv-quantize-k int4 --kv-quantize-v int2",
-                "fp32|fp16|bf16|int8|int4|int3|int2");
-  add_spec_flag(cmd, o, "quantize_v", "Storage of V only (overrides --kv-quantize for values)",
-                "fp32|fp16|bf16|int8|int4|int3|int2");
-  add_spec_flag(cmd, o, "kivi_group",
-                "KIVI: K scales per group of G consecutive tokens (default 32); 0 = the simple scheme (scales over "
-                "all stored tokens, re-quantised on append)",
-                "INT>=0");
-  add_spec_flag(cmd, o, "kivi_residual",
-                "KIVI: the newest R tokens stay full precision (default 128; a multiple of --kivi-group)", "INT>=0");
-  add_spec_flag(cmd, o, "residual_dtype",
-                "Grouped KIVI: storage of the residual and sink tokens, fp16 (default), bf16 or fp32; widened to fp32 "
-                "for attention",
-                "fp32|fp16|bf16");
-  add_spec_flag(cmd, o, "k_axis",
-                "Grouped KIVI keys: channel (default; per channel in groups of --kivi-group) or token (one scale+zero "
-                "per token)",
-                "channel|token");
-  add_spec_flag(cmd, o, "rotate",
-                "Rotate K (after RoPE), Q and V per KV head by a fixed seeded randomised Hadamard transform before "
-                "storing (scores unchanged; outliers spread before quantising); needs head_dim a power of two",
-                "none|hadamard");
+  for (const CacheFlag& f : kFlags)
+    if (f.kivi) add_spec_flag(cmd, o, f);
 }
 
 void add_cache_flags(CLI::App* cmd, CacheSpec& o) {
-  add_spec_flag(cmd, o, "quantize",
-                "KV cache storage of K and V: fp32 (default), fp16, bf16, int8, int4, int3, int2 (int8/int4/int3/int2 = KIVI: K "
-                "per-channel, V per-token)",
-                "fp32|fp16|bf16|int8|int4|int3|int2");
-  add_kivi_flags(cmd, o);
-  add_spec_flag(cmd, o, "sink",
-                "StreamingLLM: always keep the first N tokens (attention sinks); needs --streaming-llm-window",
-                "INT>=0");
-  add_spec_flag(cmd, o, "window",
-                "StreamingLLM: keep only the last M tokens beyond the sinks (bounds the cache to N+M tokens); 0 = "
-                "unbounded (the default)",
-                "INT>=0");
-  add_spec_flag(cmd, o, "rope",
-                "reposition (default: keys stored before RoPE, rotated by cache slot) or absolute (keys keep their "
-                "original position)",
-                "absolute|reposition");
+  for (const CacheFlag& f : kFlags) add_spec_flag(cmd, o, f);
 }
+
 void add_sweep_flags(CLI::App* cmd, eval::SweepFlags& f, const std::string& kv_quantize_default) {
   cmd->add_option("--kv-quantize", f.kv_quantize,
                   "K/V storage, a comma list: fp32, fp16, bf16, int8, int4, int3, int2 (default " + kv_quantize_default +
