@@ -23,35 +23,14 @@
 #include "kv/grouped_store.h"
 #include "ops/kivi_kernels.h"
 #include "ops/ops.h"
+#include "bench_util.h"
 
 namespace {
 
 using namespace ptllm;
 
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// A weight matrix [out, in] stored as `dtype`.
-struct Weights {
-  std::vector<float> f32;
-  std::vector<uint16_t> u16;
-  TensorView view;
-  Weights(DType dtype, int64_t out, int64_t in) : f32(randn(size_t(out * in), 7)) {
-    const void* data = f32.data();
-    if (dtype != DType::F32) {
-      u16.resize(f32.size());
-      for (size_t i = 0; i < f32.size(); ++i) u16[i] = dtype == DType::BF16 ? f32_to_bf16(f32[i]) : f32_to_f16(f32[i]);
-      data = u16.data();
-      std::vector<float>().swap(f32);
-    }
-    view = TensorView{static_cast<const std::byte*>(data), dtype, {out, in}};
-  }
-};
+using bench::randn;
+using bench::Weights;
 
 // Args: out rows, in, threads.
 template <DType D>

@@ -16,36 +16,14 @@
 #include "core/tensor.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
+#include "bench_util.h"
 
 namespace {
 
 using namespace ptllm;
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// A random weight [out, in] stored as `dtype` (BF16 or a block type).
-struct Weights {
-  std::vector<std::byte> bytes;
-  TensorView view;
-  Weights(DType dtype, int64_t out, int64_t in) {
-    const auto f = randn(size_t(out * in), 7, 0.02f);
-    if (dtype == DType::BF16) {
-      bytes.resize(f.size() * 2);
-      auto* p = reinterpret_cast<uint16_t*>(bytes.data());
-      for (size_t i = 0; i < f.size(); ++i) p[i] = f32_to_bf16(f[i]);
-    } else {
-      bytes.resize(ops::quantized_bytes(dtype, out, in));
-      ops::quantize_tensor(dtype, f.data(), DType::F32, out, in, bytes.data());
-    }
-    view = TensorView{bytes.data(), dtype, {out, in}};
-  }
-};
+using bench::randn;
+using bench::Weights;
 
 void setup(benchmark::State& st, int level_arg, int threads_arg) {
   ops::set_simd_level(level_arg == 2 ? ops::SimdLevel::Avx512 : ops::SimdLevel::Avx2);
@@ -58,7 +36,7 @@ template <DType D>
 void BM_QMatvec(benchmark::State& st) {
   const int64_t out = st.range(0), in = st.range(1);
   setup(st, int(st.range(2)), int(st.range(3)));
-  Weights w(D, out, in);
+  Weights w(D, out, in, 0.02f);
   const auto x = randn(size_t(in), 1, 1.f);
   std::vector<float> y(static_cast<size_t>(out));
   for (auto _ : st) {
@@ -87,7 +65,7 @@ template <DType D>
 void BM_QMatmul(benchmark::State& st) {
   const int64_t out = st.range(0), in = st.range(1), n = st.range(2);
   setup(st, int(st.range(3)), int(st.range(4)));
-  Weights w(D, out, in);
+  Weights w(D, out, in, 0.02f);
   const auto x = randn(size_t(n * in), 1, 1.f);
   std::vector<float> y(size_t(n * out));
   for (auto _ : st) {

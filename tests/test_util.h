@@ -6,15 +6,33 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "kv/cache_spec.h"
+#include "ops/ops.h"
 
 namespace ptllm::test {
 
 inline std::string shared_dir() { return PTLLM_SHARED_DIR; }
 inline std::string repo_dir() { return PTLLM_REPO_DIR; }
 inline std::string fixture(const std::string& rel) { return shared_dir() + "/fixtures/" + rel; }
+
+// n normal values with standard deviation `sd`, the same for the same seed.
+inline std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// Restores the SIMD level when a test that switches levels ends.
+struct SimdGuard {
+  ops::SimdLevel saved = ops::simd_level();
+  ~SimdGuard() { ops::set_simd_level(saved); }
+};
 
 inline nlohmann::json load_json(const std::string& path) {
   std::ifstream f(path);

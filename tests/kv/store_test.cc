@@ -10,17 +10,12 @@
 
 #include "kv/cache_spec.h"
 #include "kv/kv_store.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
 
 struct Case {
   KVStorage storage;

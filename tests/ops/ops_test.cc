@@ -9,23 +9,13 @@
 #include "core/dtype.h"
 #include "ops/ops.h"
 #include "ops/rope.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// Restores the SIMD level after each test.
-struct SimdGuard {
-  ops::SimdLevel saved = ops::simd_level();
-  ~SimdGuard() { ops::set_simd_level(saved); }
-};
+using test::randn;
+using test::SimdGuard;
 
 TEST(Dtype, Bf16RoundTripAndRounding) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f)), 1.0f);

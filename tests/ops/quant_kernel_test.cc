@@ -14,25 +14,16 @@
 #include "ops/ops.h"
 #include "ops/quant.h"
 #include "ops/quant_impl.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
 
+using test::randn;
+using test::SimdGuard;
+
 constexpr DType kTypes[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                             DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
-
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-struct SimdGuard {
-  ops::SimdLevel saved = ops::simd_level();
-  ~SimdGuard() { ops::set_simd_level(saved); }
-};
 
 // A random [rows, cols] weight quantised to t, plus its exact dequantisation.
 struct QWeight {

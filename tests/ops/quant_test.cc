@@ -15,18 +15,13 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
+#include "test_util.h"
 
 namespace ptllm {
 namespace {
 
+using test::randn;
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 void put16(std::vector<uint8_t>& b, size_t off, uint16_t v) { std::memcpy(b.data() + off, &v, 2); }
 
