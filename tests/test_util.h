@@ -2,14 +2,19 @@
 #pragma once
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kv/cache_spec.h"
 #include "ops/ops.h"
 
@@ -33,6 +38,42 @@ struct SimdGuard {
   ops::SimdLevel saved = ops::simd_level();
   ~SimdGuard() { ops::set_simd_level(saved); }
 };
+
+// The Error message of fn(), "" when it does not throw.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// `name` in this test process's own temporary folder, which is removed when
+// the process ends (the GGUF files some tests write are tens of MB).
+inline std::string tmp_path(const std::string& name) {
+  struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("ptllm_test_" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return (dir.path / name).string();
+}
+
+// A file's bytes ("" when it cannot be read) and writing them back.
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
 
 inline nlohmann::json load_json(const std::string& path) {
   std::ifstream f(path);

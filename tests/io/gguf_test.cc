@@ -18,38 +18,10 @@
 
 namespace ptllm {
 namespace {
-namespace fs = std::filesystem;
-
-fs::path tmp_dir() { return fs::temp_directory_path() / ("ptllm_gguf_" + std::to_string(::getpid())); }
-std::string tmp(const std::string& name) {
-  fs::create_directories(tmp_dir());
-  return (tmp_dir() / name).string();
-}
-// Removes this process's temporary files (the flagship GGUFs are 54 MB each).
-struct TmpCleanup : ::testing::Environment {
-  void TearDown() override { fs::remove_all(tmp_dir()); }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup);
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
-// The Error message of fn(), "" when it does not throw.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::tmp_path;
+using test::read_bytes;
+using test::write_bytes;
 
 // Expects GgufFile(path) to throw a one-line Error naming the file and containing `needle`.
 void expect_bad(const std::string& path, const std::string& needle) {
@@ -80,7 +52,7 @@ struct Raw {
 };
 
 TEST(Gguf, RoundTripEveryValueTypeAndTensors) {
-  const std::string path = tmp("roundtrip.gguf");
+  const std::string path = tmp_path("roundtrip.gguf");
   std::vector<float> w(6 * 4);
   for (size_t i = 0; i < w.size(); ++i) w[i] = float(i) * 0.5f - 3.f;
   std::vector<uint16_t> h(3 * 8);
@@ -176,7 +148,7 @@ TEST(Gguf, RoundTripEveryValueTypeAndTensors) {
 }
 
 TEST(Gguf, AccessorErrorsNameKeyAndFile) {
-  const std::string path = tmp("accessors.gguf");
+  const std::string path = tmp_path("accessors.gguf");
   GgufWriter wr;
   wr.set_i32("neg", -1);
   wr.set_u64("big", 1ull << 40);
@@ -210,7 +182,7 @@ TEST(Gguf, WriterRejectsBadTensors) {
   wr.add_tensor("a", DType::F32, {4}, x);
   EXPECT_NE(error_of([&] { wr.add_tensor("a", DType::F32, {4}, x); }).find("twice"), std::string::npos);
   wr.add_tensor_stream("short", DType::F32, {4}, [&](const GgufWriter::Emit& emit) { emit(x, 8); });
-  EXPECT_NE(error_of([&] { wr.write(tmp("short.gguf")); }).find("produced 8 of its 16 bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { wr.write(tmp_path("short.gguf")); }).find("produced 8 of its 16 bytes"), std::string::npos);
 }
 
 TEST(Gguf, Stories260K) {
@@ -271,7 +243,7 @@ TEST(Gguf, FlagshipQ4_K_M) { check_flagship("flagship-q4_k_m.gguf", DType::Q4_K,
 // A small valid file whose data ends exactly at the end of the file (the last
 // tensor is a multiple of the alignment), so every shorter prefix is invalid.
 std::string small_valid_file() {
-  const std::string path = tmp("small.gguf");
+  const std::string path = tmp_path("small.gguf");
   GgufWriter wr;
   wr.set_string("general.architecture", "llama");
   wr.set_u32("llama.block_count", 1);
@@ -287,7 +259,7 @@ std::string small_valid_file() {
 
 TEST(Gguf, EveryTruncatedPrefixThrows) {
   const std::string full = small_valid_file();
-  const std::string path = tmp("prefix.gguf");
+  const std::string path = tmp_path("prefix.gguf");
   write_bytes(path, full);
   { GgufFile ok(path); EXPECT_EQ(ok.tensors().size(), 2u); }
   for (size_t n = 0; n < full.size(); ++n) {
@@ -300,7 +272,7 @@ TEST(Gguf, EveryTruncatedPrefixThrows) {
 }
 
 TEST(Gguf, CountsThatOverflow) {
-  const std::string p = tmp("counts.gguf");
+  const std::string p = tmp_path("counts.gguf");
   write_bytes(p, Raw().header(0, ~0ull).b);
   expect_bad(p, "metadata count");
   write_bytes(p, Raw().header(1ull << 62, 0).b);
@@ -323,7 +295,7 @@ TEST(Gguf, CountsThatOverflow) {
 }
 
 TEST(Gguf, UnknownTypes) {
-  const std::string p = tmp("types.gguf");
+  const std::string p = tmp_path("types.gguf");
   write_bytes(p, Raw().header(1, 0).tensor("blk.0.attn_q.weight", {32}, 10, 0).pad().data(128).b);
   expect_bad(p, "tensor blk.0.attn_q.weight: unsupported ggml type 10 (Q2_K)");
   write_bytes(p, Raw().header(1, 0).tensor("t", {32}, 1234, 0).pad().data(128).b);
@@ -345,7 +317,7 @@ TEST(Gguf, UnknownTypes) {
 }
 
 TEST(Gguf, TensorDataOutOfRange) {
-  const std::string p = tmp("range.gguf");
+  const std::string p = tmp_path("range.gguf");
   // 8 f32 = 32 bytes, but only 16 present.
   write_bytes(p, Raw().header(1, 0).tensor("w", {8}, 0, 0).pad().data(16).b);
   expect_bad(p, "tensor w: data");
@@ -360,7 +332,7 @@ TEST(Gguf, TensorDataOutOfRange) {
 }
 
 TEST(Gguf, MisalignedOffsetsAndBadAlignment) {
-  const std::string p = tmp("align.gguf");
+  const std::string p = tmp_path("align.gguf");
   write_bytes(p, Raw().header(1, 0).tensor("w", {4}, 0, 4).pad().data(64).b);
   expect_bad(p, "tensor w: data offset 4 is not a multiple of the alignment 32");
   write_bytes(p, Raw().header(1, 1).str("general.alignment").u32(4).u32(48).tensor("w", {4}, 0, 0).pad(64).data(64).b);
@@ -376,7 +348,7 @@ TEST(Gguf, MisalignedOffsetsAndBadAlignment) {
 }
 
 TEST(Gguf, BadShapes) {
-  const std::string p = tmp("shape.gguf");
+  const std::string p = tmp_path("shape.gguf");
   write_bytes(p, Raw().header(1, 0).tensor("q", {33, 2}, 8, 0).pad().data(256).b);
   expect_bad(p, "tensor q: row length 33 is not a multiple of Q8_0's block of 32");
   write_bytes(p, Raw().header(1, 0).tensor("k", {128}, 12, 0).pad().data(256).b);

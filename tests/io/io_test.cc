@@ -15,6 +15,7 @@
 namespace ptllm {
 namespace {
 namespace fs = std::filesystem;
+using test::error_of;
 
 std::string tmpdir() {
   auto d = fs::temp_directory_path() / ("ptllm_io_" + std::to_string(::getpid()));
@@ -28,15 +29,6 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
   f.write(reinterpret_cast<const char*>(&n), 8);
   f << header;
   f << std::string(data_bytes, '\0');
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Safetensors, RoundTripWrite) {

@@ -20,27 +20,8 @@
 
 namespace ptllm {
 namespace {
-namespace fs = std::filesystem;
-
-fs::path tmp_dir() { return fs::temp_directory_path() / ("ptllm_ggufm_" + std::to_string(::getpid())); }
-std::string tmp(const std::string& name) {
-  fs::create_directories(tmp_dir());
-  return (tmp_dir() / name).string();
-}
-// Removes this process's temporary files (the flagship GGUFs are 54 MB each).
-struct TmpCleanup : ::testing::Environment {
-  void TearDown() override { fs::remove_all(tmp_dir()); }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup);
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::tmp_path;
 
 std::vector<float> full_logits(const Model& m, const std::vector<int32_t>& ids) {
   auto cache = make_default_cache(m, int64_t(ids.size()));
@@ -158,7 +139,7 @@ class GgufFixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GgufFixture, ConvertedLogitsMatchTransformers) {
   const std::string dir = test::fixture("hf/" + GetParam());
-  const std::string out = tmp(GetParam() + ".gguf");
+  const std::string out = tmp_path(GetParam() + ".gguf");
   GgufConvertOptions opt;
   opt.type = DType::F32;
   opt.write_tokenizer = [](GgufWriter&, const std::string&) {};  // the fixtures have no tokenizer
@@ -186,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Families, GgufFixture,
                                            "mistral-sliding-window", "qwen2-qkv-bias"));
 
 TEST(GgufModel, GgufToHfFolderRoundTrip) {
-  const std::string out = tmp("stories_hf");
+  const std::string out = tmp_path("stories_hf");
   convert_gguf_to_hf(kStories + "/stories260K.gguf", out, std::nullopt);
   auto back = Model::load_hf(out);
   auto gg = load_gguf_model(kStories + "/stories260K.gguf");
@@ -206,7 +187,7 @@ TEST(GgufModel, FlagshipConvertMatchesHfFolder) {
   const auto ids = some_ids(48, 32000);
   const auto ref = full_logits(*hf, ids);
   for (DType t : {DType::BF16, DType::F16}) {
-    const std::string out = tmp(std::string("flagship-") + std::string(dtype_name(t)) + ".gguf");
+    const std::string out = tmp_path(std::string("flagship-") + std::string(dtype_name(t)) + ".gguf");
     GgufConvertOptions opt;
     opt.type = t;
     opt.write_tokenizer = [](GgufWriter& w, const std::string& tok) { write_gguf_tokenizer(tok, "", w); };
@@ -271,7 +252,7 @@ TEST(GgufModel, LlamaCppQuantisedFlagshipRuns) {
 }
 
 TEST(GgufModel, ConfigErrorsNameFileAndKey) {
-  const std::string p = tmp("bad_arch.gguf");
+  const std::string p = tmp_path("bad_arch.gguf");
   {
     GgufWriter w;
     w.set_string("general.architecture", "gpt2");
@@ -305,7 +286,7 @@ TEST(GgufModel, RandomModelLoadsAndIsReproducible) {
   opt.config.hidden_size = 128, opt.config.n_layers = 2, opt.config.n_heads = 4, opt.config.n_kv_heads = 2;
   opt.config.head_dim = 32, opt.config.intermediate_size = 256, opt.config.vocab_size = 300;
   opt.seed = 7;
-  const std::string a = tmp("rand_a.gguf"), b = tmp("rand_b.gguf"), c = tmp("rand_c.gguf");
+  const std::string a = tmp_path("rand_a.gguf"), b = tmp_path("rand_b.gguf"), c = tmp_path("rand_c.gguf");
   write_random_gguf(a, opt);
   write_random_gguf(b, opt);
   opt.seed = 8;
