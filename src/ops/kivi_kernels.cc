@@ -341,44 +341,53 @@ auto by_width(int64_t size, Get get) -> decltype(get(Const<1>{})) {
   }
 }
 
-// Null: the scalar reference. Keys per channel work on half rows (the RoPE
-// halves), so their widths stop at 8 blocks (head_dim 256).
-KeyRunFn pick_key([[maybe_unused]] kivi::QuantRange r, [[maybe_unused]] int64_t half) {
 #if PTLLM_X86
-  return by_bits(r.bits, [&](auto b) {
+// Each kernel family: its pointer type, its AVX2 / AVX-512 template (as a
+// variable template over BITS and W) and its widest row in 16-lane blocks.
+// Keys per channel work on half rows (the RoPE halves), so theirs stops at 8.
+struct KeyFamily {
+  using Fn = KeyRunFn;
+  static constexpr int kMaxW = 8;
+  template <int B, int W>
+  static constexpr Fn avx2 = key_run_avx2<B, W>;
+  template <int B, int W>
+  static constexpr Fn avx512 = key_run_avx512<B, W>;
+};
+struct ValueFamily {
+  using Fn = ValueRunFn;
+  static constexpr int kMaxW = 16;
+  template <int B, int W>
+  static constexpr Fn avx2 = value_run_avx2<B, W>;
+  template <int B, int W>
+  static constexpr Fn avx512 = value_run_avx512<B, W>;
+};
+struct KeyTokFamily {
+  using Fn = KeyTokFn;
+  static constexpr int kMaxW = 16;
+  template <int B, int W>
+  static constexpr Fn avx2 = key_tok_run_avx2<B, W>;
+  template <int B, int W>
+  static constexpr Fn avx512 = key_tok_run_avx512<B, W>;
+};
+// The variant of `F` for (bits, size) at the current level; null: the scalar reference.
+template <class F>
+typename F::Fn pick_variant(int bits, int64_t size) {
+  using Fn = typename F::Fn;
+  return by_bits(bits, [&](auto b) {
     using B = decltype(b);
-    return pick<KeyRunFn>(
-        nullptr, by_width<8>(half, [](auto w) -> KeyRunFn { return key_run_avx2<B::value, decltype(w)::value>; }),
-        by_width<8>(half, [](auto w) -> KeyRunFn { return key_run_avx512<B::value, decltype(w)::value>; }));
+    return pick<Fn>(nullptr,
+                    by_width<F::kMaxW>(size, [](auto w) -> Fn { return F::template avx2<B::value, decltype(w)::value>; }),
+                    by_width<F::kMaxW>(size, [](auto w) -> Fn { return F::template avx512<B::value, decltype(w)::value>; }));
   });
-#else
-  return nullptr;
-#endif
 }
-ValueRunFn pick_value([[maybe_unused]] kivi::QuantRange r, [[maybe_unused]] int64_t hd) {
-#if PTLLM_X86
-  return by_bits(r.bits, [&](auto b) {
-    using B = decltype(b);
-    return pick<ValueRunFn>(
-        nullptr, by_width<16>(hd, [](auto w) -> ValueRunFn { return value_run_avx2<B::value, decltype(w)::value>; }),
-        by_width<16>(hd, [](auto w) -> ValueRunFn { return value_run_avx512<B::value, decltype(w)::value>; }));
-  });
+KeyRunFn pick_key(kivi::QuantRange r, int64_t half) { return pick_variant<KeyFamily>(r.bits, half); }
+ValueRunFn pick_value(kivi::QuantRange r, int64_t hd) { return pick_variant<ValueFamily>(r.bits, hd); }
+KeyTokFn pick_key_tok(kivi::QuantRange r, int64_t hd) { return pick_variant<KeyTokFamily>(r.bits, hd); }
 #else
-  return nullptr;
+KeyRunFn pick_key(kivi::QuantRange, int64_t) { return nullptr; }
+ValueRunFn pick_value(kivi::QuantRange, int64_t) { return nullptr; }
+KeyTokFn pick_key_tok(kivi::QuantRange, int64_t) { return nullptr; }
 #endif
-}
-KeyTokFn pick_key_tok([[maybe_unused]] kivi::QuantRange r, [[maybe_unused]] int64_t hd) {
-#if PTLLM_X86
-  return by_bits(r.bits, [&](auto b) {
-    using B = decltype(b);
-    return pick<KeyTokFn>(
-        nullptr, by_width<16>(hd, [](auto w) -> KeyTokFn { return key_tok_run_avx2<B::value, decltype(w)::value>; }),
-        by_width<16>(hd, [](auto w) -> KeyTokFn { return key_tok_run_avx512<B::value, decltype(w)::value>; }));
-  });
-#else
-  return nullptr;
-#endif
-}
 
 }  // namespace
 
