@@ -415,6 +415,48 @@ class CudaCache : public DeviceKVCache {
   std::vector<KOp> ops_;
 };
 
+// Layer l of one sequence's step: stores its nb new K/V rows and attends its nb
+// queries. kk [nb, KD] rotated at the keys' positions (plain caches), kraw the
+// same keys before RoPE (KIVI), vv [nb, KD]; q [nb, nh * hd] un-rotated, qcs
+// [nb, 2, hd] the query tables (angle_a / angle_b); out [nb, nh * hd].
+void attend_layer(const CudaCache& cc, int64_t l, const float* kk, const float* kraw, const float* vv, const float* q,
+                  const float* qcs, int64_t first, int64_t nb, int nh, float scale, float* out, float* part,
+                  cudaStream_t s) {
+  const int len = int(first + nb);
+  if (cc.kivi()) {
+    cc.kivi_append(l, kraw, vv, s);
+    k::AttendKivi a;
+    a.c = cc.kivi_layer(l);
+    a.kcs = cc.slot_table();
+    a.q = q;
+    a.qcs = qcs;
+    a.n = int(nb);
+    a.nh = nh;
+    a.len = len;
+    a.first = int(first);
+    a.run_split = int(std::min<int64_t>(cc.run_split(), len));
+    a.scale = scale;
+    a.out = out;
+    a.part = part;
+    k::attend_kivi(a, s);
+    return;
+  }
+  k::Attend a;
+  a.c = cc.layer(l);
+  k::append_plain(a.c, kk, vv, int(nb), int(first), s);
+  a.q = q;
+  a.qcs = qcs;
+  a.n = int(nb);
+  a.nh = nh;
+  a.len = len;
+  a.first = int(first);
+  a.run_split = int(std::min<int64_t>(cc.run_split(), len));
+  a.scale = scale;
+  a.out = out;
+  a.part = part;
+  k::attend_plain(a, s);
+}
+
 Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   const auto& c = m.config();
   if (c.yoco()) fail("--device cuda: YOCO models are not on the GPU yet");
@@ -546,41 +588,9 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
     k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
     for (int64_t b = 0; b < n_caches; ++b) {
       const int64_t r0 = batch ? b : 0, nb = batch ? 1 : n;
-      const CudaCache& cc = *caches[b];
       float* const part = part_.f() + (batch ? b * k::attend_scratch_floats(1, int(NH), int(hd), int(max_len)) : 0);
-      const int len = int(first[size_t(b)] + nb);
-      if (cc.kivi()) {
-        cc.kivi_append(l, kraw + r0 * KD, vv + r0 * KD, s);
-        k::AttendKivi a;
-        a.c = cc.kivi_layer(l);
-        a.kcs = cc.slot_table();
-        a.q = q + r0 * QD;
-        a.qcs = d_qcs + r0 * 2 * hd;
-        a.n = int(nb);
-        a.nh = int(NH);
-        a.len = len;
-        a.first = int(first[size_t(b)]);
-        a.run_split = int(std::min<int64_t>(cc.run_split(), len));
-        a.scale = scale;
-        a.out = att + r0 * QD;
-        a.part = part;
-        k::attend_kivi(a, s);
-        continue;
-      }
-      k::Attend a;
-      a.c = cc.layer(l);
-      k::append_plain(a.c, kk + r0 * KD, vv + r0 * KD, int(nb), int(first[size_t(b)]), s);
-      a.q = q + r0 * QD;
-      a.qcs = d_qcs + r0 * 2 * hd;
-      a.n = int(nb);
-      a.nh = int(NH);
-      a.len = len;
-      a.first = int(first[size_t(b)]);
-      a.run_split = int(std::min<int64_t>(cc.run_split(), a.len));
-      a.scale = scale;
-      a.out = att + r0 * QD;
-      a.part = part;
-      k::attend_plain(a, s);
+      attend_layer(*caches[b], l, kk + r0 * KD, kraw + r0 * KD, vv + r0 * KD, q + r0 * QD, d_qcs + r0 * 2 * hd,
+                   first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s);
     }
     k::gemv(we_, w.wo->p, att, nullptr, x, int(n), int(H), int(QD), true, s);
     k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
@@ -656,3 +666,73 @@ std::string device_name() {
 }
 
 }  // namespace ptllm::cuda
+
+// ---------------- tests: one layer without a model (probe.h) ----------------
+#include "cuda/probe.h"
+
+namespace ptllm::cuda::testing {
+
+struct LayerProbe::Impl {
+  CudaCache cache;
+  cudaStream_t s = nullptr;
+  DevBuf k, kraw, v, q, cs, out, part;
+  Impl(const KVCacheShape& shape, const CacheSpec& spec) : cache(nullptr, shape, spec) {
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  }
+  ~Impl() {
+    if (s) cudaStreamDestroy(s);
+  }
+};
+
+LayerProbe::LayerProbe(const KVCacheShape& shape, const CacheSpec& spec) {
+  if (shape.n_layers != 1) fail("LayerProbe: {} layers (expected 1)", shape.n_layers);
+  spec.check();
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) fail("--device cuda: no CUDA GPU found");
+  impl_ = std::make_unique<Impl>(shape, spec.canonical());
+}
+
+LayerProbe::~LayerProbe() = default;
+
+// The attention part of Engine::run for one sequence and one layer.
+void LayerProbe::step(const float* k, const float* v, const float* q, int64_t n, float* out) {
+  CudaCache& c = impl_->cache;
+  const KVCacheShape& sh = c.shape();
+  const int64_t hd = sh.head_dim, half = hd / 2, KD = sh.n_kv_heads * hd, QD = sh.n_heads * hd;
+  const int64_t first = c.begin_step(n);
+  // Key tables [n, hd] at the tokens' positions, then the query tables [n, 2, hd].
+  std::vector<float> cs(size_t(n * 3 * hd));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = c.position() + i, slot = first + i;
+    float* kc = cs.data() + i * hd;
+    float* qc = cs.data() + n * hd + i * 2 * hd;
+    c.rope().cos_sin(double(pos), kc, kc + half);
+    c.rope().cos_sin(double(c.angle_a(slot, pos)), qc, qc + half);
+    c.rope().cos_sin(double(c.angle_b(slot, pos)), qc + hd, qc + hd + half);
+  }
+  Impl& m = *impl_;
+  const cudaStream_t s = m.s;
+  const auto up = [&](DevBuf& b, const float* src, int64_t count) {
+    b.reserve(size_t(count) * 4);
+    check(cudaMemcpyAsync(b.p, src, size_t(count) * 4, cudaMemcpyHostToDevice, s), "copy");
+  };
+  up(m.k, k, n * KD);
+  up(m.kraw, k, n * KD);
+  up(m.v, v, n * KD);
+  up(m.q, q, n * QD);
+  up(m.cs, cs.data(), int64_t(cs.size()));
+  m.out.reserve(size_t(n * QD) * 4);
+  m.part.reserve(size_t(k::attend_scratch_floats(int(n), int(sh.n_heads), int(hd), int(first + n))) * 4);
+  k::rope(m.k.f(), int(n), int(sh.n_kv_heads), int(hd), m.cs.f(), s);
+  attend_layer(c, 0, m.k.f(), m.kraw.f(), m.v.f(), m.q.f(), m.cs.f() + n * hd, first, n, int(sh.n_heads),
+               1.0f / std::sqrt(float(hd)), m.out.f(), m.part.f(), s);
+  check(cudaMemcpyAsync(out, m.out.p, size_t(n * QD) * 4, cudaMemcpyDeviceToHost, s), "copy");
+  check(cudaStreamSynchronize(s), "probe step");
+  check(cudaGetLastError(), "kernel");
+  c.end_step(n);
+}
+
+size_t LayerProbe::payload_bytes() const { return impl_->cache.payload_bytes(); }
+size_t LayerProbe::scale_bytes() const { return impl_->cache.scale_bytes(); }
+
+}  // namespace ptllm::cuda::testing
