@@ -436,33 +436,49 @@ __global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
   }
 }
 
-// attend_kernel over a KIVI layer. Slot t of the sequence: a sink row, quantised token
-// t - n_sink (codes, K parameters of its group / V parameters of its row) or a residual row.
-// A key pair (i, i + hd/2) is widened (u * scale + zero for codes) in registers, turned by the
-// slot table row t and dotted with the query: the codes are read in place, never written out.
+// attend_kernel over a KIVI layer, for hpb query heads of one KV head per block
+// (GQA: the group's heads share each code row, parameter and slot-table row read;
+// block (split s, head block y, query i) covers heads y*hpb .. y*hpb+hpb-1).
+// Slot t of the sequence: a sink row, quantised token t - n_sink (codes, K parameters
+// of its group / V parameters of its row) or a residual row. A key pair (i, i + hd/2)
+// is widened (u * scale + zero for codes) in registers, turned by the slot table row
+// t and dotted with each head's query: the codes are read in place, never written out.
+// Each head's arithmetic is the same, in the same order, whatever hpb is.
+constexpr int kMaxHpb = 8;
 template <class T, int BITS>
-__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a) {
-  const int s = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb) {
+  extern __shared__ float sm[];
+  const int s = blockIdx.x, h0 = blockIdx.y * hpb, i = blockIdx.z;
   const KiviLayer& c = a.c;
-  const int hd = c.hd, half = hd / 2, kvh = h / (a.nh / c.kvh);
+  const int hd = c.hd, half = hd / 2, kvh = h0 / (a.nh / c.kvh);
   const int S = gridDim.x;
-  __shared__ float qa[kMaxHd], qb[kMaxHd], p[kChunk];
-  __shared__ float red[2];
-  const float* q = a.q + (int64_t(i) * a.nh + h) * hd;
-  const float* qc = a.qcs + int64_t(i) * 2 * hd;
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    const float x0 = q[j], x1 = q[j + half];
-    qa[j] = x0 * qc[j] - x1 * qc[half + j];
-    qa[j + half] = x1 * qc[j] + x0 * qc[half + j];
-    qb[j] = x0 * qc[hd + j] - x1 * qc[hd + half + j];
-    qb[j + half] = x1 * qc[hd + j] + x0 * qc[hd + half + j];
+  float* qa = sm;                 // [hpb, hd] queries turned for slots < run_split
+  float* qb = qa + hpb * hd;      // [hpb, hd] and for the others
+  float* p = qb + hpb * hd;       // [hpb, kChunk] scores, then exp
+  float* red = p + hpb * kChunk;  // [hpb, 2] max, sum
+  for (int g = 0; g < hpb; ++g) {
+    const float* q = a.q + (int64_t(i) * a.nh + h0 + g) * hd;
+    const float* qc = a.qcs + int64_t(i) * 2 * hd;
+    float* ga = qa + g * hd;
+    float* gb = qb + g * hd;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+      const float x0 = q[j], x1 = q[j + half];
+      ga[j] = x0 * qc[j] - x1 * qc[half + j];
+      ga[j + half] = x1 * qc[j] + x0 * qc[half + j];
+      gb[j] = x0 * qc[hd + j] - x1 * qc[hd + half + j];
+      gb[j + half] = x1 * qc[hd + j] + x0 * qc[hd + half + j];
+    }
   }
   __syncthreads();
   const int li = a.first + i + 1;
   const int b0 = s * kChunk, b1 = min(b0 + kChunk, li);
-  float* part = a.part + ((int64_t(i) * a.nh + h) * S + s) * (hd + 2);
+  const auto part_of = [&](int g) { return a.part + ((int64_t(i) * a.nh + h0 + g) * S + s) * (hd + 2); };
   if (b0 >= b1) {
-    if (threadIdx.x == 0) { part[0] = -INFINITY; part[1] = 0; }
+    if (threadIdx.x < hpb) {
+      float* pt = part_of(threadIdx.x);
+      pt[0] = -INFINITY;
+      pt[1] = 0;
+    }
     return;
   }
   const int ns = c.n_sink, nq = c.n_quant, qe = ns + nq;
@@ -478,63 +494,86 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a) {
   for (int t = b0 + warp; t < b1; t += kThreads / 32) {
     const float* qq = t < a.run_split ? qa : qb;
     const float* cs = a.kcs + int64_t(t) * hd;
-    float d = 0;
-    if (t < ns || t >= qe) {
-      const T* kr = t < ns ? ksink + int64_t(t) * hd : kres + int64_t((c.rstart + t - qe) % c.res_cap) * hd;
-      for (int j = lane; j < half; j += 32) {
-        const float x0 = widen(kr[j]), x1 = widen(kr[j + half]), co = cs[j], si = cs[half + j];
-        d = fmaf(qq[j], x0 * co - x1 * si, d);
-        d = fmaf(qq[j + half], x1 * co + x0 * si, d);
+    float d[kMaxHpb];
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g) d[g] = 0.f;
+    const bool full = t < ns || t >= qe;
+    const T* kr = t < ns ? ksink + int64_t(t) * hd : kres + int64_t((c.rstart + t - qe) % c.res_cap) * hd;
+    const int jq = t - ns;
+    const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
+    const uint16_t* par = kpar + int64_t((c.gstart + gi) % c.gcap) * hd * 2;
+    const uint8_t* code = kcodes + int64_t((c.qstart + jq) % c.cap) * c.row;
+    for (int j = lane; j < half; j += 32) {
+      float x0, x1;
+      if (full) {
+        x0 = widen(kr[j]);
+        x1 = widen(kr[j + half]);
+      } else {
+        x0 = fmaf(float(code_at<BITS>(code, j)), h2f(par[2 * j]), h2f(par[2 * j + 1]));
+        x1 = fmaf(float(code_at<BITS>(code, j + half)), h2f(par[2 * (j + half)]), h2f(par[2 * (j + half) + 1]));
       }
-    } else {
-      const int jq = t - ns;
-      const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
-      const uint16_t* par = kpar + int64_t((c.gstart + gi) % c.gcap) * hd * 2;
-      const uint8_t* code = kcodes + int64_t((c.qstart + jq) % c.cap) * c.row;
-      for (int j = lane; j < half; j += 32) {
-        const float x0 = fmaf(float(code_at<BITS>(code, j)), h2f(par[2 * j]), h2f(par[2 * j + 1]));
-        const float x1 = fmaf(float(code_at<BITS>(code, j + half)), h2f(par[2 * (j + half)]),
-                              h2f(par[2 * (j + half) + 1]));
-        const float co = cs[j], si = cs[half + j];
-        d = fmaf(qq[j], x0 * co - x1 * si, d);
-        d = fmaf(qq[j + half], x1 * co + x0 * si, d);
+      const float co = cs[j], si = cs[half + j];
+      const float r0 = x0 * co - x1 * si, r1 = x1 * co + x0 * si;
+#pragma unroll
+      for (int g = 0; g < kMaxHpb; ++g) {
+        if (g < hpb) {
+          d[g] = fmaf(qq[g * hd + j], r0, d[g]);
+          d[g] = fmaf(qq[g * hd + j + half], r1, d[g]);
+        }
       }
     }
-    d = warp_sum(d);
-    if (lane == 0) p[t - b0] = d * a.scale;
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g) {
+      if (g < hpb) {
+        const float v = warp_sum(d[g]);
+        if (lane == 0) p[g * kChunk + t - b0] = v * a.scale;
+      }
+    }
   }
   __syncthreads();
   const int len = b1 - b0;
-  if (warp == 0) {
+  for (int g = warp; g < hpb; g += kThreads / 32) {  // one warp per head's softmax
+    float* pg = p + g * kChunk;
     float m = -INFINITY;
-    for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+    for (int j = lane; j < len; j += 32) m = fmaxf(m, pg[j]);
     m = warp_max(m);
     float l = 0;
     for (int j = lane; j < len; j += 32) {
-      const float e = expf(p[j] - m);
-      p[j] = e;
+      const float e = expf(pg[j] - m);
+      pg[j] = e;
       l += e;
     }
     l = warp_sum(l);
-    if (lane == 0) { red[0] = m; red[1] = l; }
+    if (lane == 0) { red[2 * g] = m; red[2 * g + 1] = l; }
   }
   __syncthreads();
   // Runs of the chunk: sinks [b0, e0), codes [e0, e1), residual [e1, b1).
   const int e0 = min(max(b0, ns), b1), e1 = min(max(b0, qe), b1);
   for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-    float o = 0;
-    for (int t = b0; t < e0; ++t) o = fmaf(p[t - b0], widen(vsink[int64_t(t) * hd + j]), o);
+    float o[kMaxHpb];
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g) o[g] = 0.f;
+    const auto acc = [&](int t, float v) {
+#pragma unroll
+      for (int g = 0; g < kMaxHpb; ++g)
+        if (g < hpb) o[g] = fmaf(p[g * kChunk + t - b0], v, o[g]);
+    };
+    for (int t = b0; t < e0; ++t) acc(t, widen(vsink[int64_t(t) * hd + j]));
     for (int t = e0; t < e1; ++t) {
       const int prow = (c.qstart + t - ns) % c.cap;
-      const float v = fmaf(float(code_at<BITS>(vcodes + int64_t(prow) * c.row, j)), h2f(vpar[2 * prow]),
-                           h2f(vpar[2 * prow + 1]));
-      o = fmaf(p[t - b0], v, o);
+      acc(t, fmaf(float(code_at<BITS>(vcodes + int64_t(prow) * c.row, j)), h2f(vpar[2 * prow]),
+                  h2f(vpar[2 * prow + 1])));
     }
-    for (int t = e1; t < b1; ++t)
-      o = fmaf(p[t - b0], widen(vres[int64_t((c.rstart + t - qe) % c.res_cap) * hd + j]), o);
-    part[2 + j] = o;
+    for (int t = e1; t < b1; ++t) acc(t, widen(vres[int64_t((c.rstart + t - qe) % c.res_cap) * hd + j]));
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g)
+      if (g < hpb) part_of(g)[2 + j] = o[g];
   }
-  if (threadIdx.x == 0) { part[0] = red[0]; part[1] = red[1]; }
+  if (threadIdx.x < hpb) {
+    float* pt = part_of(threadIdx.x);
+    pt[0] = red[2 * threadIdx.x];
+    pt[1] = red[2 * threadIdx.x + 1];
+  }
 }
 
 int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
@@ -639,8 +678,8 @@ struct FlushLaunch {
 };
 template <class T, int BITS>
 struct AttendKiviLaunch {
-  static void run(const AttendKivi& a, dim3 grid, cudaStream_t s) {
-    attend_kivi_kernel<T, BITS><<<grid, kThreads, 0, s>>>(a);
+  static void run(const AttendKivi& a, dim3 grid, int hpb, size_t shmem, cudaStream_t s) {
+    attend_kivi_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(a, hpb);
   }
 };
 
@@ -660,8 +699,15 @@ void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t 
 
 void attend_kivi(const AttendKivi& a, cudaStream_t s) {
   const int S = (a.len + kChunk - 1) / kChunk;
-  const dim3 grid(S, a.nh, a.n);
-  kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, s);
+  // Heads per block: the largest divisor of the GQA group up to kMaxHpb (shared
+  // memory 4 * hpb * (2 hd + kChunk + 2) bytes: <= 41 KB at hd 512).
+  const int grp = a.nh / a.c.kvh;
+  int hpb = 1;
+  for (int d = kMaxHpb; d > 1; --d)
+    if (grp % d == 0) { hpb = d; break; }
+  const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + kChunk + 2) * sizeof(float);
+  const dim3 grid(S, a.nh / hpb, a.n);
+  kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, hpb, shmem, s);
   combine_kernel<<<a.n * a.nh, 128, 0, s>>>(a.part, S, a.c.hd, a.out);
 }
 
