@@ -50,7 +50,8 @@ done
 echo "== 1B-shaped random model, single-sequence decode (bench has no batch option)"
 $B/posttrainllm make-random /tmp/l1b.gguf --preset llama-3.2-1b --type bf16 2>&1 | tail -1
 for d in 4096 0; do
-  for kv in fp16 int4 int8 int2; do
+  kvs="fp16 int4 int8 int2"; [ $d = 0 ] && kvs="fp16 int4"
+  for kv in $kvs; do
     timeout 100 $B/posttrainllm bench /tmp/l1b.gguf --device cuda --kv-quantize $kv -p 0 -n 128 -r 3 -d $d --json 2>&1 |
       tr -d '\n' >> "$OUT/bench_1b.jsonl"; echo >> "$OUT/bench_1b.jsonl"
     tail -1 "$OUT/bench_1b.jsonl" | python3 -c "import json,sys; j=json.load(sys.stdin)['decode']; print('d $d $kv', 'tok/s %.1f +- %.1f' % (j['tps_mean'], j['tps_sd']), 'cache bytes', j['cache_bytes_at_end'], 'weights', j['weight_bytes_per_token'])" 2>/dev/null || tail -1 "$OUT/bench_1b.jsonl" | cut -c1-300

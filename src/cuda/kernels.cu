@@ -446,7 +446,7 @@ __global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
 // Each head's arithmetic is the same, in the same order, whatever hpb is.
 constexpr int kMaxHpb = 8;
 template <class T, int BITS>
-__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb) {
+__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb, int chunk) {
   extern __shared__ float sm[];
   const int s = blockIdx.x, h0 = blockIdx.y * hpb, i = blockIdx.z;
   const KiviLayer& c = a.c;
@@ -454,8 +454,8 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
   const int S = gridDim.x;
   float* qa = sm;                 // [hpb, hd] queries turned for slots < run_split
   float* qb = qa + hpb * hd;      // [hpb, hd] and for the others
-  float* p = qb + hpb * hd;       // [hpb, kChunk] scores, then exp
-  float* red = p + hpb * kChunk;  // [hpb, 2] max, sum
+  float* p = qb + hpb * hd;       // [hpb, chunk] scores, then exp
+  float* red = p + hpb * chunk;   // [hpb, 2] max, sum
   for (int g = 0; g < hpb; ++g) {
     const float* q = a.q + (int64_t(i) * a.nh + h0 + g) * hd;
     const float* qc = a.qcs + int64_t(i) * 2 * hd;
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
   }
   __syncthreads();
   const int li = a.first + i + 1;
-  const int b0 = s * kChunk, b1 = min(b0 + kChunk, li);
+  const int b0 = s * chunk, b1 = min(b0 + chunk, li);
   const auto part_of = [&](int g) { return a.part + ((int64_t(i) * a.nh + h0 + g) * S + s) * (hd + 2); };
   if (b0 >= b1) {
     if (threadIdx.x < hpb) {
@@ -526,14 +526,14 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
     for (int g = 0; g < kMaxHpb; ++g) {
       if (g < hpb) {
         const float v = warp_sum(d[g]);
-        if (lane == 0) p[g * kChunk + t - b0] = v * a.scale;
+        if (lane == 0) p[g * chunk + t - b0] = v * a.scale;
       }
     }
   }
   __syncthreads();
   const int len = b1 - b0;
   for (int g = warp; g < hpb; g += kThreads / 32) {  // one warp per head's softmax
-    float* pg = p + g * kChunk;
+    float* pg = p + g * chunk;
     float m = -INFINITY;
     for (int j = lane; j < len; j += 32) m = fmaxf(m, pg[j]);
     m = warp_max(m);
@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
     const auto acc = [&](int t, float v) {
 #pragma unroll
       for (int g = 0; g < kMaxHpb; ++g)
-        if (g < hpb) o[g] = fmaf(p[g * kChunk + t - b0], v, o[g]);
+        if (g < hpb) o[g] = fmaf(p[g * chunk + t - b0], v, o[g]);
     };
     for (int t = b0; t < e0; ++t) acc(t, widen(vsink[int64_t(t) * hd + j]));
     for (int t = e0; t < e1; ++t) {
@@ -575,6 +575,11 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
     pt[1] = red[2 * threadIdx.x + 1];
   }
 }
+
+// Slots per split of the KIVI kernel: decode steps (a few queries) use short splits
+// so that a GQA block of heads still leaves enough blocks for the whole GPU
+// (1B shape at depth 4,096: 64 splits x 8 KV heads); prefill chunks use kChunk.
+int kivi_chunk(int n) { return n <= 8 ? 64 : kChunk; }
 
 int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
 
@@ -639,7 +644,8 @@ void append_plain(const PlainLayer& c, const float* k, const float* v, int n, in
 }
 
 int64_t attend_scratch_floats(int n, int nh, int hd, int len) {
-  const int64_t S = (len + kChunk - 1) / kChunk;
+  const int chunk = kivi_chunk(n) < kChunk ? kivi_chunk(n) : kChunk;  // enough for either kernel
+  const int64_t S = (len + chunk - 1) / chunk;
   return int64_t(n) * nh * (S > 0 ? S : 1) * (hd + 2);
 }
 
@@ -678,8 +684,8 @@ struct FlushLaunch {
 };
 template <class T, int BITS>
 struct AttendKiviLaunch {
-  static void run(const AttendKivi& a, dim3 grid, int hpb, size_t shmem, cudaStream_t s) {
-    attend_kivi_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(a, hpb);
+  static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
+    attend_kivi_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(a, hpb, chunk);
   }
 };
 
@@ -698,16 +704,17 @@ void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t 
 }
 
 void attend_kivi(const AttendKivi& a, cudaStream_t s) {
-  const int S = (a.len + kChunk - 1) / kChunk;
+  const int chunk = kivi_chunk(a.n);
+  const int S = (a.len + chunk - 1) / chunk;
   // Heads per block: the largest divisor of the GQA group up to kMaxHpb (shared
-  // memory 4 * hpb * (2 hd + kChunk + 2) bytes: <= 41 KB at hd 512).
+  // memory 4 * hpb * (2 hd + chunk + 2) bytes: <= 41 KB at hd 512).
   const int grp = a.nh / a.c.kvh;
   int hpb = 1;
   for (int d = kMaxHpb; d > 1; --d)
     if (grp % d == 0) { hpb = d; break; }
-  const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + kChunk + 2) * sizeof(float);
+  const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + chunk + 2) * sizeof(float);
   const dim3 grid(S, a.nh / hpb, a.n);
-  kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, hpb, shmem, s);
+  kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, hpb, chunk, shmem, s);
   combine_kernel<<<a.n * a.nh, 128, 0, s>>>(a.part, S, a.c.hd, a.out);
 }
 
