@@ -556,9 +556,11 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   ids_.reserve(size_t(n) * 4);
   check(cudaMemcpyAsync(ids_.p, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, stream_), "copy");
 
-  bool any_kivi = false;
-  for (int64_t b = 0; b < n_caches; ++b) any_kivi = any_kivi || caches[b]->kivi();
-  const int64_t per_row = 3 * H + 2 * QD + 2 * KD + 2 * F + (any_kivi ? KD : 0);
+  // KIVI caches take the keys before RoPE, plain ones rotated at their position.
+  bool any_kivi = false, any_plain = false;
+  for (int64_t b = 0; b < n_caches; ++b) (caches[b]->kivi() ? any_kivi : any_plain) = true;
+  const bool both = any_kivi && any_plain;  // a batch of both: keep a copy before RoPE
+  const int64_t per_row = 3 * H + 2 * QD + 2 * KD + 2 * F + (both ? KD : 0);
   ws_.reserve(size_t(n * per_row + n * V) * 4);
   float* const x = ws_.f();
   float* const xn = x + n * H;
@@ -569,7 +571,7 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   float* const gate = vv + n * KD;
   float* const up = gate + n * F;
   float* const lg = up + n * F + n * H;
-  float* const kraw = lg + n * V;  // KIVI: keys before RoPE [n, KD]
+  float* const kraw = both ? lg + n * V : kk;  // KIVI: keys before RoPE [n, KD]
   part_.reserve(size_t(k::attend_scratch_floats(int(batch ? 1 : n), int(NH), int(hd), int(max_len))) * 4 *
                 size_t(batch ? n : 1));
   const float eps = float(c.rms_eps);
@@ -583,9 +585,8 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
     k::gemv(we_, w.wk->p, xn, w.bk ? w.bk->f() : nullptr, kk, int(n), int(KD), int(H), false, s);
     k::gemv(we_, w.wv->p, xn, w.bv ? w.bv->f() : nullptr, vv, int(n), int(KD), int(H), false, s);
     // KIVI stores keys before RoPE (turned by slot at read time); plain caches rotated at their position.
-    if (any_kivi)
-      check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
-    k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
+    if (both) check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
+    if (any_plain) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
     for (int64_t b = 0; b < n_caches; ++b) {
       const int64_t r0 = batch ? b : 0, nb = batch ? 1 : n;
       float* const part = part_.f() + (batch ? b * k::attend_scratch_floats(1, int(NH), int(hd), int(max_len)) : 0);

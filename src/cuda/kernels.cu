@@ -708,9 +708,12 @@ void attend_kivi(const AttendKivi& a, cudaStream_t s) {
   const int S = (a.len + chunk - 1) / chunk;
   // Heads per block: the largest divisor of the GQA group up to kMaxHpb (shared
   // memory 4 * hpb * (2 hd + chunk + 2) bytes: <= 41 KB at hd 512).
+  // Only with enough splits (S >= 8): a short sequence has few blocks to spread
+  // over the GPU, and one head per block keeps them all (1B shape at depth 0:
+  // 64 blocks of 1 head instead of 16 of 4).
   const int grp = a.nh / a.c.kvh;
   int hpb = 1;
-  for (int d = kMaxHpb; d > 1; --d)
+  for (int d = kMaxHpb; d > 1 && S >= 8; --d)
     if (grp % d == 0) { hpb = d; break; }
   const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + chunk + 2) * sizeof(float);
   const dim3 grid(S, a.nh / hpb, a.n);

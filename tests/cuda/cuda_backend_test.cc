@@ -301,6 +301,10 @@ TEST(CudaBackend, KiviLayerMatchesCpuExactly) {
     // The defaults (G32 R128) with a 252-token window: rings wrap, groups sliced.
     cases.push_back({cache_spec(q, 4, 252, R, 32, 128), 2, 8, 128, chunks({200}, 150), 2e-5});
   }
+  // Long enough (>= 8 splits of 64 slots) for the decode kernel to share a block
+  // among the 4 query heads of a KV head.
+  cases.push_back({cache_spec(KVStorage::Int4, 0, 0, R, 32, 128), 2, 8, 64, chunks({520}, 40), 2e-5});
+  cases.push_back({cache_spec(KVStorage::Int2, 4, 600, R, 32, 128), 2, 8, 64, chunks({560}, 60), 2e-5});
   // Rows whose codes do not fill the last byte (hd 6 int2, hd 10 int4), R = 0, G = 1.
   cases.push_back({cache_spec(KVStorage::Int2, 0, 0, R, 4, 8), 1, 2, 6, chunks({21}, 20), 2e-5});
   cases.push_back({cache_spec(KVStorage::Int4, 2, 13, R, 4, 4), 1, 1, 10, chunks({7}, 40), 2e-5});
