@@ -6,8 +6,8 @@
 // Built with PTLLM_CUDA=ON (backend.cu); otherwise stub.cc, whose activate()
 // fails with a one-line error. Supported now: Llama-family models (Llama,
 // Mistral/Qwen2 without a sliding window, qkv biases), no YOCO; KV storage
-// fp32 / fp16 / bf16, unbounded or StreamingLLM sink + window (reposition or
-// absolute RoPE). KIVI int8/int4/int2 caches are not on the GPU yet.
+// fp32 / fp16 / bf16 and grouped KIVI int8 / int4 / int2 (docs/CUDA.md), unbounded
+// or StreamingLLM sink + window (reposition or absolute RoPE).
 #pragma once
 #include <string>
 

@@ -56,4 +56,53 @@ struct Attend {
 int64_t attend_scratch_floats(int n, int nh, int hd, int len);
 void attend_plain(const Attend& a, cudaStream_t s);
 
+// ---- Grouped KIVI (kv/grouped_store.h on the GPU) ----
+// One layer's grouped KIVI K and V, the CPU store's layout per KV head h:
+//   slots [0, n_sink)            sinks: rows of `re` (fp32/fp16/bf16), ksink/vsink [kvh, sink_cap, hd]
+//   slots [n_sink, +n_quant)     quantised tokens j = 0.. (oldest first): packed code rows
+//                                kcodes/vcodes [kvh, cap, row] at physical row (qstart + j) mod cap
+//   slots [.., +n_res)           residual rows of `re`, a ring kres/vres [kvh, res_cap, hd]: row j at
+//                                (rstart + j) mod res_cap
+// Codes: u = q - qmin packed as kv/quant.h (int4: element 2j low nibble of byte j; int2: element 4j+k
+// in bits 2k..2k+1). Parameters are fp16 bit pairs (scale, zero), kivi::AffineParams:
+//   K per (group, channel): kparams [kvh, gcap, hd, 2]; group g (0 = oldest live) at ring slot
+//   (gstart + g) mod gcap; the oldest group holds g0 tokens (it may have lost some to eviction),
+//   every later one G. V per token: vparams [kvh, cap, 2] at the token's physical code row.
+// Keys are stored before RoPE; attention turns key slot t by the slot table kcs [cap, hd]
+// (cos of the hd/2 frequencies at angle t, then sin), as StorageKVCache::attend does.
+struct KiviLayer {
+  uint8_t* kcodes = nullptr;
+  uint8_t* vcodes = nullptr;
+  uint16_t* kparams = nullptr;
+  uint16_t* vparams = nullptr;
+  void* ksink = nullptr;
+  void* vsink = nullptr;
+  void* kres = nullptr;
+  void* vres = nullptr;
+  Elem re = Elem::F16;
+  int bits = 8;  // 8, 4 or 2
+  int kvh = 0, cap = 0, hd = 0, row = 0, sink_cap = 0, res_cap = 0, gcap = 0, G = 0;
+  // Bookkeeping (the same for every layer), as it is when the kernel runs.
+  int n_sink = 0, n_quant = 0, n_res = 0, qstart = 0, rstart = 0, gstart = 0, g0 = 0;
+};
+// Stores k, v [n, kvh, hd] (pre-RoPE keys) as sink rows dst .. dst+n-1 (to_sink) or residual
+// ring rows (dst + t) mod res_cap, rounded to c.re (fp16 saturated to +-65504, NaN -> 0, as the CPU).
+void kivi_append(const KiviLayer& c, const float* k, const float* v, int n, bool to_sink, int dst, cudaStream_t s);
+// Quantises the G residual rows from ring row rsrc: K per channel into group slot gslot, V per token;
+// code rows qdst .. qdst+G-1 (mod cap). kv/grouped_store.cc flush_group's arithmetic exactly.
+void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s);
+// attend_plain over a KIVI layer: scores from codes + full-precision rows, softmax, weighted sum of
+// V codes + rows. Same split/combine and scratch as attend_plain.
+struct AttendKivi {
+  KiviLayer c;
+  const float* kcs = nullptr;  // [cap, hd] slot table
+  const float* q = nullptr;
+  const float* qcs = nullptr;
+  int n = 0, nh = 0, len = 0, first = 0, run_split = 0;
+  float scale = 1;
+  float* out = nullptr;
+  float* part = nullptr;
+};
+void attend_kivi(const AttendKivi& a, cudaStream_t s);
+
 }  // namespace ptllm::cuda::k

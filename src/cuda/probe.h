@@ -1,0 +1,32 @@
+// For tests (tests/cuda): one layer of a GPU KV cache driven directly, with no
+// model and no weights, so that the GPU cache (bookkeeping, append, grouped
+// KIVI quantisation, attention) can be compared with the CPU's StorageKVCache
+// on bit-identical inputs. Only in CUDA builds (backend.cc).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kv/cache_spec.h"
+
+namespace ptllm::cuda::testing {
+
+class LayerProbe {
+ public:
+  // shape.n_layers must be 1; shape.capacity as make_cache would set it
+  // (sink + window for a StreamingLLM spec). Refuses what the GPU cache refuses.
+  LayerProbe(const KVCacheShape& shape, const CacheSpec& spec);
+  ~LayerProbe();
+  // What a model's layer does with its cache in one step of n tokens: KVCache::append
+  // of k, v [n, kvh, hd] (keys before RoPE, as the model hands them to the cache),
+  // attend of q [n, nh, hd] (before RoPE) into out [n, nh, hd], then advance(n).
+  void step(const float* k, const float* v, const float* q, int64_t n, float* out);
+  size_t payload_bytes() const;
+  size_t scale_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ptllm::cuda::testing
