@@ -1,0 +1,84 @@
+// Device helpers shared by the CUDA kernel files (kernels.cu: the dense path and
+// the plain cache; kivi_kernels.cu: the grouped KIVI cache). Internal to src/cuda.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "cuda/kernels.h"
+
+namespace ptllm::cuda::k {
+
+// Attention splits: kChunk slots per block (kivi_chunk() for the KIVI kernel),
+// kThreads threads, head_dim up to kMaxHd.
+constexpr int kChunk = 256, kThreads = 128, kMaxHd = 512;
+
+namespace {
+
+template <class T>
+__device__ __forceinline__ float widen(T v);
+template <>
+__device__ __forceinline__ float widen<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float widen<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T narrow(float v);
+template <>
+__device__ __forceinline__ float narrow<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// 8 consecutive elements widened (p 16-byte aligned for 2-byte types, 32 for fp32).
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float* o);
+template <>
+__device__ __forceinline__ void load8<float>(const float* p, float* o) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load8<__half>(const __half* p, float* o) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    o[2 * i] = f.x; o[2 * i + 1] = f.y;
+  }
+}
+template <>
+__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* o) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    o[2 * i] = f.x; o[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace
+
+// Blocks for an elementwise kernel over n values (256 threads each, at most 4,096).
+int grid_for(int64_t n);
+// Slots per split of the KIVI kernel: decode steps (a few queries) use short splits
+// so that a GQA block of heads still leaves enough blocks for the whole GPU
+// (1B shape at depth 4,096: 64 splits x 8 KV heads); prefill chunks use kChunk.
+int kivi_chunk(int n);
+// Merges the per-split softmax partials of `rows` (query, head) pairs.
+void combine(const float* part, int rows, int S, int hd, float* out, cudaStream_t s);
+
+}  // namespace ptllm::cuda::k

@@ -1,0 +1,376 @@
+// CUDA kernels of the grouped KIVI cache: append to the residual, quantise a
+// full group (K per channel, V per token), and the fused decode attention over
+// the packed codes + residual + sinks. Shapes: kernels.h.
+#include "cuda/kernels_common.cuh"
+
+namespace ptllm::cuda::k {
+namespace {
+
+// ---------------- Grouped KIVI ----------------
+// The arithmetic of kv/quant.cc, ops/kivi_format.cc and kv/grouped_store.cc, done with
+// explicitly rounded fp32 operations (no FMA contraction) so that a residual row
+// quantises to the same codes and fp16 parameters as on the CPU.
+
+__device__ __forceinline__ float h2f(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ uint16_t f2h(float x) { return __half_as_ushort(__float2half_rn(x)); }
+constexpr float kF16Max = 65504.f;
+constexpr float kScaleFloor = 1e-5f;  // ops/kivi_format.h kScaleFloor
+__device__ __forceinline__ float clamp_finite(float x) {
+  if (isnan(x)) return 0.f;
+  return x < -kF16Max ? -kF16Max : (x > kF16Max ? kF16Max : x);
+}
+// Neighbouring fp16 bit patterns (finite inputs), as kivi_format.cc.
+__device__ __forceinline__ uint16_t next_down(uint16_t h) {
+  if (h == 0x0000u) return 0x8001u;
+  if (h & 0x8000u) return uint16_t(h + 1);
+  return uint16_t(h - 1);
+}
+__device__ __forceinline__ uint16_t next_up(uint16_t h) {
+  if (h == 0x8000u) return 0x0001u;
+  if (h & 0x8000u) return uint16_t(h - 1);
+  return uint16_t(h + 1);
+}
+__device__ __forceinline__ uint16_t half_round_down(float x) {  // Half::round_down
+  x = clamp_finite(x);
+  uint16_t h = f2h(x);
+  if (h2f(h) > x) h = next_down(h);
+  return h;
+}
+__device__ __forceinline__ uint16_t half_round_up(float x) {  // Half::round_up
+  x = clamp_finite(x);
+  uint16_t h = f2h(x);
+  if (h2f(h) < x) h = next_up(h);
+  return h;
+}
+// kivi::choose_params: zero rounded down, scale (from the stored zero) rounded up, floored.
+__device__ __forceinline__ void choose_params(float lo, float hi, int levels, uint16_t& sb, uint16_t& zb) {
+  zb = half_round_down(lo);
+  float sc = __fdiv_rn(__fsub_rn(hi, h2f(zb)), float(levels));
+  if (!(sc >= kScaleFloor)) sc = kScaleFloor;
+  sb = half_round_up(sc);
+}
+// kivi::quantise with w = widen(params): u = int(clamp((x - zero) * (1 / scale), 0, levels) + 0.5).
+__device__ __forceinline__ unsigned quantise(float x, float zero, float inv, int levels) {
+  float t = __fmul_rn(__fsub_rn(x, zero), inv);
+  t = t > 0.f ? t : 0.f;
+  const float hi = float(levels);
+  t = t < hi ? t : hi;
+  return unsigned(int(__fadd_rn(t, 0.5f)));
+}
+template <int BITS>
+__device__ __forceinline__ unsigned code_at(const uint8_t* row, int i) {
+  if (BITS == 8) return row[i];
+  if (BITS == 4) return (row[i >> 1] >> ((i & 1) * 4)) & 15u;
+  return (row[i >> 2] >> ((i & 3) * 2)) & 3u;
+}
+
+// Sink / residual rows: fp16 saturated (an fp16 inf would make q.k or p.v inf/NaN), as put_row.
+template <class T>
+__device__ __forceinline__ T narrow_resid(float v) { return narrow<T>(v); }
+template <>
+__device__ __forceinline__ __half narrow_resid<__half>(float v) { return __float2half_rn(clamp_finite(v)); }
+
+template <class T>
+__global__ void kivi_append_kernel(KiviLayer c, const float* k, const float* v, bool to_sink, int dst) {
+  const int t = blockIdx.x, h = blockIdx.y, hd = c.hd;
+  const int64_t row = to_sink ? int64_t(h) * c.sink_cap + dst + t : int64_t(h) * c.res_cap + (dst + t) % c.res_cap;
+  T* kd = static_cast<T*>(to_sink ? c.ksink : c.kres) + row * hd;
+  T* vd = static_cast<T*>(to_sink ? c.vsink : c.vres) + row * hd;
+  const float* ks = k + (int64_t(t) * c.kvh + h) * hd;
+  const float* vs = v + (int64_t(t) * c.kvh + h) * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    kd[i] = narrow_resid<T>(ks[i]);
+    vd[i] = narrow_resid<T>(vs[i]);
+  }
+}
+
+// K, one block per KV head, one thread per code byte (8/BITS channels): per channel the
+// (scale, zero) over the G residual rows rsrc.. (ring), then the G codes of each channel.
+template <class T, int BITS>
+__global__ void kivi_flush_k_kernel(KiviLayer c, int qdst, int rsrc, int gslot) {
+  constexpr int per = 8 / BITS, levels = (1 << BITS) - 1;
+  const int h = blockIdx.x, hd = c.hd, G = c.G;
+  const T* res = static_cast<const T*>(c.kres) + int64_t(h) * c.res_cap * hd;
+  uint16_t* par = c.kparams + (int64_t(h) * c.gcap + gslot) * hd * 2;
+  for (int j = threadIdx.x; j < c.row; j += blockDim.x) {
+    float zero[per], inv[per];
+    for (int e = 0; e < per; ++e) {
+      const int ch = j * per + e;
+      if (ch >= hd) break;
+      float lo = INFINITY, hi = -INFINITY;
+      for (int t = 0; t < G; ++t) {
+        const float x = widen(res[int64_t((rsrc + t) % c.res_cap) * hd + ch]);
+        lo = x < lo ? x : lo;  // std::min(lo, x)
+        hi = hi < x ? x : hi;  // std::max(hi, x)
+      }
+      uint16_t sb, zb;
+      choose_params(lo, hi, levels, sb, zb);
+      par[2 * ch] = sb;
+      par[2 * ch + 1] = zb;
+      zero[e] = h2f(zb);
+      inv[e] = __fdiv_rn(1.f, h2f(sb));
+    }
+    for (int t = 0; t < G; ++t) {
+      const T* r = res + int64_t((rsrc + t) % c.res_cap) * hd;
+      unsigned b = 0;
+      for (int e = 0; e < per; ++e) {
+        const int ch = j * per + e;
+        if (ch >= hd) break;
+        b |= quantise(widen(r[ch]), zero[e], inv[e], levels) << (BITS * e);
+      }
+      c.kcodes[(int64_t(h) * c.cap + (qdst + t) % c.cap) * c.row + j] = uint8_t(b);
+    }
+  }
+}
+
+// V, one block per (token t of the group, KV head): the row's (scale, zero), then its codes.
+template <class T, int BITS>
+__global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
+  constexpr int per = 8 / BITS, levels = (1 << BITS) - 1;
+  const int t = blockIdx.x, h = blockIdx.y, hd = c.hd;
+  const T* r = static_cast<const T*>(c.vres) + (int64_t(h) * c.res_cap + (rsrc + t) % c.res_cap) * hd;
+  float lo = INFINITY, hi = -INFINITY;
+  for (int ch = threadIdx.x; ch < hd; ch += blockDim.x) {
+    const float x = widen(r[ch]);
+    lo = x < lo ? x : lo;
+    hi = hi < x ? x : hi;
+  }
+  for (int o = 16; o > 0; o >>= 1) {  // min/max: exact in any order
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  __shared__ float rlo[32], rhi[32];
+  __shared__ float pz, pinv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  if (lane == 0) { rlo[warp] = lo; rhi[warp] = hi; }
+  __syncthreads();
+  const int prow = (qdst + t) % c.cap;
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < nw; ++w) { lo = fminf(lo, rlo[w]); hi = fmaxf(hi, rhi[w]); }
+    uint16_t sb, zb;
+    choose_params(lo, hi, levels, sb, zb);
+    uint16_t* par = c.vparams + (int64_t(h) * c.cap + prow) * 2;
+    par[0] = sb;
+    par[1] = zb;
+    pz = h2f(zb);
+    pinv = __fdiv_rn(1.f, h2f(sb));
+  }
+  __syncthreads();
+  uint8_t* dst = c.vcodes + (int64_t(h) * c.cap + prow) * c.row;
+  for (int j = threadIdx.x; j < c.row; j += blockDim.x) {
+    unsigned b = 0;
+    for (int e = 0; e < per; ++e) {
+      const int ch = j * per + e;
+      if (ch >= hd) break;
+      b |= quantise(widen(r[ch]), pz, pinv, levels) << (BITS * e);
+    }
+    dst[j] = uint8_t(b);
+  }
+}
+
+// attend_kernel over a KIVI layer, for hpb query heads of one KV head per block
+// (GQA: the group's heads share each code row, parameter and slot-table row read;
+// block (split s, head block y, query i) covers heads y*hpb .. y*hpb+hpb-1).
+// Slot t of the sequence: a sink row, quantised token t - n_sink (codes, K parameters
+// of its group / V parameters of its row) or a residual row. A key pair (i, i + hd/2)
+// is widened (u * scale + zero for codes) in registers, turned by the slot table row
+// t and dotted with each head's query: the codes are read in place, never written out.
+// Each head's arithmetic is the same, in the same order, whatever hpb is.
+constexpr int kMaxHpb = 8;
+template <class T, int BITS>
+__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb, int chunk) {
+  extern __shared__ float sm[];
+  const int s = blockIdx.x, h0 = blockIdx.y * hpb, i = blockIdx.z;
+  const KiviLayer& c = a.c;
+  const int hd = c.hd, half = hd / 2, kvh = h0 / (a.nh / c.kvh);
+  const int S = gridDim.x;
+  float* qa = sm;                 // [hpb, hd] queries turned for slots < run_split
+  float* qb = qa + hpb * hd;      // [hpb, hd] and for the others
+  float* p = qb + hpb * hd;       // [hpb, chunk] scores, then exp
+  float* red = p + hpb * chunk;   // [hpb, 2] max, sum
+  for (int g = 0; g < hpb; ++g) {
+    const float* q = a.q + (int64_t(i) * a.nh + h0 + g) * hd;
+    const float* qc = a.qcs + int64_t(i) * 2 * hd;
+    float* ga = qa + g * hd;
+    float* gb = qb + g * hd;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+      const float x0 = q[j], x1 = q[j + half];
+      ga[j] = x0 * qc[j] - x1 * qc[half + j];
+      ga[j + half] = x1 * qc[j] + x0 * qc[half + j];
+      gb[j] = x0 * qc[hd + j] - x1 * qc[hd + half + j];
+      gb[j + half] = x1 * qc[hd + j] + x0 * qc[hd + half + j];
+    }
+  }
+  __syncthreads();
+  const int li = a.first + i + 1;
+  const int b0 = s * chunk, b1 = min(b0 + chunk, li);
+  const auto part_of = [&](int g) { return a.part + ((int64_t(i) * a.nh + h0 + g) * S + s) * (hd + 2); };
+  if (b0 >= b1) {
+    if (threadIdx.x < hpb) {
+      float* pt = part_of(threadIdx.x);
+      pt[0] = -INFINITY;
+      pt[1] = 0;
+    }
+    return;
+  }
+  const int ns = c.n_sink, nq = c.n_quant, qe = ns + nq;
+  const T* ksink = static_cast<const T*>(c.ksink) + int64_t(kvh) * c.sink_cap * hd;
+  const T* vsink = static_cast<const T*>(c.vsink) + int64_t(kvh) * c.sink_cap * hd;
+  const T* kres = static_cast<const T*>(c.kres) + int64_t(kvh) * c.res_cap * hd;
+  const T* vres = static_cast<const T*>(c.vres) + int64_t(kvh) * c.res_cap * hd;
+  const uint8_t* kcodes = c.kcodes + int64_t(kvh) * c.cap * c.row;
+  const uint8_t* vcodes = c.vcodes + int64_t(kvh) * c.cap * c.row;
+  const uint16_t* kpar = c.kparams + int64_t(kvh) * c.gcap * hd * 2;
+  const uint16_t* vpar = c.vparams + int64_t(kvh) * c.cap * 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int t = b0 + warp; t < b1; t += kThreads / 32) {
+    const float* qq = t < a.run_split ? qa : qb;
+    const float* cs = a.kcs + int64_t(t) * hd;
+    float d[kMaxHpb];
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g) d[g] = 0.f;
+    const bool full = t < ns || t >= qe;
+    const T* kr = t < ns ? ksink + int64_t(t) * hd : kres + int64_t((c.rstart + t - qe) % c.res_cap) * hd;
+    const int jq = t - ns;
+    const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
+    const uint16_t* par = kpar + int64_t((c.gstart + gi) % c.gcap) * hd * 2;
+    const uint8_t* code = kcodes + int64_t((c.qstart + jq) % c.cap) * c.row;
+    for (int j = lane; j < half; j += 32) {
+      float x0, x1;
+      if (full) {
+        x0 = widen(kr[j]);
+        x1 = widen(kr[j + half]);
+      } else {
+        x0 = fmaf(float(code_at<BITS>(code, j)), h2f(par[2 * j]), h2f(par[2 * j + 1]));
+        x1 = fmaf(float(code_at<BITS>(code, j + half)), h2f(par[2 * (j + half)]), h2f(par[2 * (j + half) + 1]));
+      }
+      const float co = cs[j], si = cs[half + j];
+      const float r0 = x0 * co - x1 * si, r1 = x1 * co + x0 * si;
+#pragma unroll
+      for (int g = 0; g < kMaxHpb; ++g) {
+        if (g < hpb) {
+          d[g] = fmaf(qq[g * hd + j], r0, d[g]);
+          d[g] = fmaf(qq[g * hd + j + half], r1, d[g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g) {
+      if (g < hpb) {
+        const float v = warp_sum(d[g]);
+        if (lane == 0) p[g * chunk + t - b0] = v * a.scale;
+      }
+    }
+  }
+  __syncthreads();
+  const int len = b1 - b0;
+  for (int g = warp; g < hpb; g += kThreads / 32) {  // one warp per head's softmax
+    float* pg = p + g * chunk;
+    float m = -INFINITY;
+    for (int j = lane; j < len; j += 32) m = fmaxf(m, pg[j]);
+    m = warp_max(m);
+    float l = 0;
+    for (int j = lane; j < len; j += 32) {
+      const float e = expf(pg[j] - m);
+      pg[j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) { red[2 * g] = m; red[2 * g + 1] = l; }
+  }
+  __syncthreads();
+  // Runs of the chunk: sinks [b0, e0), codes [e0, e1), residual [e1, b1).
+  const int e0 = min(max(b0, ns), b1), e1 = min(max(b0, qe), b1);
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    float o[kMaxHpb];
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g) o[g] = 0.f;
+    const auto acc = [&](int t, float v) {
+#pragma unroll
+      for (int g = 0; g < kMaxHpb; ++g)
+        if (g < hpb) o[g] = fmaf(p[g * chunk + t - b0], v, o[g]);
+    };
+    for (int t = b0; t < e0; ++t) acc(t, widen(vsink[int64_t(t) * hd + j]));
+    for (int t = e0; t < e1; ++t) {
+      const int prow = (c.qstart + t - ns) % c.cap;
+      acc(t, fmaf(float(code_at<BITS>(vcodes + int64_t(prow) * c.row, j)), h2f(vpar[2 * prow]),
+                  h2f(vpar[2 * prow + 1])));
+    }
+    for (int t = e1; t < b1; ++t) acc(t, widen(vres[int64_t((c.rstart + t - qe) % c.res_cap) * hd + j]));
+#pragma unroll
+    for (int g = 0; g < kMaxHpb; ++g)
+      if (g < hpb) part_of(g)[2 + j] = o[g];
+  }
+  if (threadIdx.x < hpb) {
+    float* pt = part_of(threadIdx.x);
+    pt[0] = red[2 * threadIdx.x];
+    pt[1] = red[2 * threadIdx.x + 1];
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Dispatch on the residual storage and the code width.
+template <template <class, int> class F, class... A>
+void kivi_dispatch(const KiviLayer& c, A&&... args) {
+  const auto by_bits = [&](auto tag) {
+    using T = decltype(tag);
+    if (c.bits == 8) F<T, 8>::run(args...);
+    if (c.bits == 4) F<T, 4>::run(args...);
+    if (c.bits == 2) F<T, 2>::run(args...);
+  };
+  if (c.re == Elem::F32) by_bits(float{});
+  if (c.re == Elem::F16) by_bits(__half{});
+  if (c.re == Elem::BF16) by_bits(__nv_bfloat16{});
+}
+
+template <class T, int BITS>
+struct FlushLaunch {
+  static void run(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s) {
+    const int kth = c.row < 128 ? ((c.row + 31) / 32) * 32 : 128;
+    kivi_flush_k_kernel<T, BITS><<<c.kvh, kth, 0, s>>>(c, qdst, rsrc, gslot);
+    kivi_flush_v_kernel<T, BITS><<<dim3(c.G, c.kvh), 128, 0, s>>>(c, qdst, rsrc);
+  }
+};
+template <class T, int BITS>
+struct AttendKiviLaunch {
+  static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
+    attend_kivi_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(a, hpb, chunk);
+  }
+};
+
+}  // namespace
+
+void kivi_append(const KiviLayer& c, const float* k, const float* v, int n, bool to_sink, int dst, cudaStream_t s) {
+  if (n <= 0) return;
+  const dim3 grid(n, c.kvh);
+  if (c.re == Elem::F32) kivi_append_kernel<float><<<grid, 128, 0, s>>>(c, k, v, to_sink, dst);
+  if (c.re == Elem::F16) kivi_append_kernel<__half><<<grid, 128, 0, s>>>(c, k, v, to_sink, dst);
+  if (c.re == Elem::BF16) kivi_append_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(c, k, v, to_sink, dst);
+}
+
+void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s) {
+  kivi_dispatch<FlushLaunch>(c, c, qdst, rsrc, gslot, s);
+}
+
+void attend_kivi(const AttendKivi& a, cudaStream_t s) {
+  const int chunk = kivi_chunk(a.n);
+  const int S = (a.len + chunk - 1) / chunk;
+  // Heads per block: the largest divisor of the GQA group up to kMaxHpb (shared
+  // memory 4 * hpb * (2 hd + chunk + 2) bytes: <= 41 KB at hd 512).
+  // Only with enough splits (S >= 8): a short sequence has few blocks to spread
+  // over the GPU, and one head per block keeps them all (1B shape at depth 0:
+  // 64 blocks of 1 head instead of 16 of 4).
+  const int grp = a.nh / a.c.kvh;
+  int hpb = 1;
+  for (int d = kMaxHpb; d > 1 && S >= 8; --d)
+    if (grp % d == 0) { hpb = d; break; }
+  const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + chunk + 2) * sizeof(float);
+  const dim3 grid(S, a.nh / hpb, a.n);
+  kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, hpb, chunk, shmem, s);
+  combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
+}
+
+}  // namespace ptllm::cuda::k
