@@ -106,11 +106,17 @@ void add_sweep_flags(CLI::App* cmd, eval::SweepFlags& f, const std::string& kv_q
                   "--streaming-llm-sink");
   cmd->add_option("--streaming-llm-rope", f.rope,
                   "RoPE positions of a bounded cache: reposition (default, by slot) or absolute; a comma list");
+  cmd->add_option("--kivi-residual-dtype", f.residual_dtype,
+                  "Grouped KIVI: residual and sink storage, fp16 (default), bf16 or fp32; a comma list");
+  cmd->add_option("--kv-rotate", f.rotate,
+                  "none (default) or hadamard: the seeded Hadamard rotation of K, Q, V before storing; a comma list");
+  cmd->add_option("--kivi-k-axis", f.k_axis, "Grouped KIVI keys per channel (default) or per token; a comma list");
   cmd->footer(
       "Cache settings: each cache flag takes a comma list. Pairs are zipped (equal lengths, or one value used for "
       "every entry): --streaming-llm-sink with --streaming-llm-window, --kv-quantize-k with --kv-quantize-v, "
       "--kivi-group with --kivi-residual. Everything else is crossed: every (sink, window) x RoPE mode x (group, "
-      "residual) x (K, V) x --kv-quantize combination runs, in that order, except that RoPE only varies for a "
+      "residual) x (K, V) x residual dtype x rotation x K axis x --kv-quantize combination runs, in that order, except "
+      "that RoPE only varies for a "
       "bounded cache, group/residual only for int8/int4/int2, the residual only for group > 0, and settings that "
       "give the same cache run once. Example: --kv-quantize int4 --kivi-group 0,32 runs int4 simple and int4 G32 "
       "R128.");

@@ -1,6 +1,7 @@
 #include "eval/sweep.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <optional>
 #include <utility>
@@ -80,6 +81,20 @@ std::vector<T> or_default(std::vector<T> v, T d) {
   return v;
 }
 
+// Entries of a crossed text field, each checked by CacheSpec::set; {""} (keep
+// the default) when the list is empty.
+std::vector<std::string> text_list(const std::string& s, const char* field) {
+  std::vector<std::string> out;
+  for (const auto& item : split_list(s)) {
+    if (item.empty()) list_error(field, s, "no empty entry in the list");
+    CacheSpec probe;
+    if (auto issue = probe.set(field, item)) throw CacheSpecError(std::move(*issue));
+    out.push_back(item);
+  }
+  if (out.empty()) out.emplace_back();
+  return out;
+}
+
 }  // namespace
 
 std::vector<CacheSpec> expand_sweep(const SweepFlags& f) {
@@ -105,14 +120,25 @@ std::vector<CacheSpec> expand_sweep(const SweepFlags& f) {
   const auto kivi = pair_lists(or_default(int_list(f.kivi_group, "kivi_group"), d.kivi_group),
                                or_default(int_list(f.kivi_residual, "kivi_residual"), d.kivi_residual), "kivi_group",
                                "kivi_residual");
+  const auto residual_dtypes = text_list(f.residual_dtype, "residual_dtype");
+  const auto rotates = text_list(f.rotate, "rotate");
+  const auto axes = text_list(f.k_axis, "k_axis");
+  // (residual dtype, rotation, K axis) crossed, in that order.
+  std::vector<std::array<std::string, 3>> variants;
+  for (const auto& rd : residual_dtypes)
+    for (const auto& rot : rotates)
+      for (const auto& ax : axes) variants.push_back({rd, rot, ax});
 
   std::vector<CacheSpec> out;
   for (const auto& [sink, window] : bounds)
     for (RopeMode r : ropes)
       for (const auto& [group, residual] : kivi)
         for (const auto& [key, value] : kv)
+          for (const auto& variant : variants)
           for (KVStorage st : storages) {
             CacheSpec o;
+            for (size_t i = 0; i < variant.size(); ++i)
+              if (!variant[i].empty()) (void)o.set(std::array{"residual_dtype", "rotate", "k_axis"}[i], variant[i]);
             o.storage = st;
             o.key_storage = key;
             o.value_storage = value;

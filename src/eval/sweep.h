@@ -18,6 +18,10 @@ struct SweepFlags {
   std::string kv_quantize_v;  // --kv-quantize-v int4,int2
   std::string kivi_group;     // --kivi-group 0,32             (paired with --kivi-residual)
   std::string kivi_residual;  // --kivi-residual 128,128
+  // Crossed text fields, each entry parsed by CacheSpec::set ("" = the default):
+  std::string rotate;          // --kv-rotate none,hadamard
+  std::string k_axis;          // --kivi-k-axis channel,token
+  std::string residual_dtype;  // --kivi-residual-dtype fp16,fp32
 };
 
 // How the lists combine (also in the --help footer of both commands):
@@ -27,7 +31,8 @@ struct SweepFlags {
 // else is *crossed*. Settings come in this order: for each (sink, window) pair
 // ("0,0" = the unbounded cache), for each RoPE mode (only the default for an
 // unbounded cache, where it makes no difference), for each (group, residual)
-// pair, for each (K, V) pair, for each --kv-quantize storage. A K or V entry
+// pair, for each (K, V) pair, for each residual dtype, rotation and K axis, for
+// each --kv-quantize storage. A K or V entry
 // overrides --kv-quantize for that half. KIVI group/residual only matter when
 // K or V is quantised (int8/int4/int2) and the residual only when the group is
 // > 0: irrelevant values are reset to the defaults. Settings that build the
