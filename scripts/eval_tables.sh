@@ -6,6 +6,7 @@
 #             flagship-8k-kivi flagship-compare flagship-compare-long
 #             flagship-bytes stories-window stories-stream stories-compare
 #             stories-compare-long stories-bytes
+#             long-window long-rotation long-stream long-200k   (flagship-long-31m, issue 16)
 # Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
 # (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096).
 set -euo pipefail
@@ -21,6 +22,7 @@ fi
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 mapfile -t BOOKS < <(ls "$CORPUS"/*.txt | LC_ALL=C sort)
 FLAG=models/flagship-27m
+LONG=models/flagship-long-31m
 STORIES=models/stories260K
 STREAM_CONFIGS=(--streaming-llm-sink 0,0,4,4 --streaming-llm-window 0,256,252,508)
 
@@ -102,6 +104,37 @@ section() {
     stories-compare) compare60 $STORIES ;;
     stories-compare-long) compare300 $STORIES ;;
     stories-bytes) bytes $STORIES 256,512,4096 ;;
+    long-window)
+      # 16 windows of 4,096 through the cache, each setting against the fp32 cache in lockstep.
+      run "$BIN" perplexity $LONG "${BOOKS[@]}" --window 4096 --max-windows 16 --cache-only \
+        --kv-quantize fp32,int8,int4,int3,int2 --kl-divergence ;;
+    long-rotation)
+      # KIVI per-channel K vs rotated per-channel vs rotated per-token (and per-token unrotated).
+      run "$BIN" perplexity $LONG "${BOOKS[@]}" --window 4096 --max-windows "${ROT_WINDOWS:-4}" --cache-only \
+        --kv-quantize int4,int3,int2 --kv-rotate none,hadamard --kivi-k-axis channel,token --kl-divergence ;;
+    long-stream)
+      # Each book's first 4,096 tokens: dense vs sink 4 + window 252 ... 2,044 inside the training context.
+      run "$BIN" perplexity $LONG "${BOOKS[@]}" --stream 4096 --streaming-llm-sink 0,4,4,4,4 \
+        --streaming-llm-window 0,252,508,1020,2044 --kv-quantize fp32,int4,int2 --plot docs/eval_stream_long.svg ;;
+    long-200k)
+      # The books end to end as one input, 200,000 tokens, sink 4 + window 1,020, int4; twice (determinism).
+      local all=/tmp/eval_long_books.txt
+      cat "${BOOKS[@]}" > "$all"
+      for r in a b; do
+        show "$BIN" perplexity $LONG "$all" --stream 200000 --streaming-llm-sink 4 --streaming-llm-window 1020 \
+          --kv-quantize int4 --plot docs/eval_stream_long_200k.svg --json
+        "$BIN" perplexity $LONG "$all" --stream 200000 --streaming-llm-sink 4 --streaming-llm-window 1020 \
+          --kv-quantize int4 --plot docs/eval_stream_long_200k.svg --json --threads "$THREADS" -q > /tmp/eval_200k_$r.json
+        jq -c '.results[0].through_cache | {ppl, predictions, max_stored_tokens, max_cache_bytes, tokens_per_second}' \
+          /tmp/eval_200k_$r.json
+      done
+      jq -r '.results[0].through_cache.segments[]? | "\(.first)-\(.last): ppl \(.ppl) (\(.predictions) predictions)"' /tmp/eval_200k_a.json || true
+      if jq -e -n --slurpfile a /tmp/eval_200k_a.json --slurpfile b /tmp/eval_200k_b.json \
+           '$a[0].results[0].through_cache.mean_nll == $b[0].results[0].through_cache.mean_nll' >/dev/null; then
+        echo "deterministic: both runs give the same mean NLL bit for bit"
+      else
+        echo "NOT deterministic" && exit 1
+      fi ;;
     *) echo "unknown section $1" >&2; exit 1 ;;
   esac
 }

@@ -12,11 +12,12 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 
 # The arm64 twins of scripts/setup.sh's libraries. Header-only ones are
-# architecture-independent; OpenMP is the cross g++'s libgomp (libomp-dev:arm64
+# architecture-independent; OpenMP is the cross g++'s libgomp, whose runtime twin
+# libgomp1:arm64 the emulated tests load from /usr/lib/aarch64-linux-gnu (libomp-dev:arm64
 # cannot be installed beside the amd64 one: both own libomp-14.so.5).
 PKGS=(g++-aarch64-linux-gnu qemu-user-static cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev
       libfmt-dev:arm64 libpcre2-dev:arm64 libicu-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64
-      libcpp-httplib-dev:arm64)
+      libcpp-httplib-dev:arm64 libgomp1:arm64)
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   # Debian's own sources serve arm64 unless they restrict Architectures:
   # (deb822) or [arch=...] (one-line format): say which file to change.
