@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ops/kivi_format.h"
+#include "ops/ops.h"
 #include "ops/rope.h"
 
 namespace ptllm::ops::detail {
@@ -18,14 +19,14 @@ struct KeyCoef {
       C2[kKiviHalfMax];
 };
 
-// `to_f32` widens one fp16 parameter: the portable conversion, F16C or FCVT,
-// whichever the calling kernel's ISA has (all exact, so the same coefficients).
-template <class ToF32>
-inline void fold_key_group(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c,
-                           ToF32 to_f32) {
+// `w` holds the group's parameters widened to fp32, (scale, zero) per channel:
+// w[2c], w[2c + 1] (the AffineParams layout, so one to_f32 over the fp16 pairs
+// widens them, with F16C / FCVT where the CPU has them: exact, so the same
+// coefficients at every level).
+inline void fold_key_group(const float* q, const float* w, int64_t half, float scale, KeyCoef& c) {
   for (int64_t i = 0; i < half; ++i) {
-    const float ls = to_f32(p[i].scale), lz = to_f32(p[i].zero);
-    const float hs = to_f32(p[i + half].scale), hz = to_f32(p[i + half].zero);
+    const float ls = w[2 * i], lz = w[2 * i + 1];
+    const float hs = w[2 * (i + half)], hz = w[2 * (i + half) + 1];
     const float ql = q[i] * scale, qh = q[i + half] * scale;
     c.P[i] = ql * ls;
     c.Q[i] = qh * hs;
@@ -34,6 +35,14 @@ inline void fold_key_group(const float* q, const kivi::AffineParams* p, int64_t 
     c.C1[i] = ql * lz + qh * hz;
     c.C2[i] = qh * lz - ql * hz;
   }
+}
+
+// The whole fold of one group: widen its fp16 (scale, zero) pairs, then fold.
+inline void fold_key_group(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c) {
+  static_assert(sizeof(kivi::AffineParams) == 2 * sizeof(uint16_t), "AffineParams = two fp16 values");
+  alignas(64) float w[4 * kKiviHalfMax];
+  to_f32(p, DType::F16, w, 4 * half);
+  fold_key_group(q, w, half, scale, c);
 }
 
 }  // namespace ptllm::ops::detail

@@ -21,24 +21,6 @@ using detail::pick;
 
 using detail::KeyCoef;
 
-void fold_group(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c) {
-  detail::fold_key_group(q, p, half, scale, c, [](kivi::Half h) { return h.widen(); });
-}
-#if PTLLM_X86
-// The same with the fp16 parameters widened by F16C (one instruction each
-// instead of the portable bit manipulation): used with the SIMD kernels.
-__attribute__((target("avx2,fma,f16c"))) void fold_group_f16c(const float* q, const kivi::AffineParams* p,
-                                                              int64_t half, float scale, KeyCoef& c) {
-  struct F16c {
-    __attribute__((target("f16c"))) float operator()(kivi::Half h) const { return _cvtsh_ss(h.bits()); }
-  };
-  detail::fold_key_group(q, p, half, scale, c, F16c{});
-}
-#else
-void fold_group_f16c(const float* q, const kivi::AffineParams* p, int64_t half, float scale, KeyCoef& c) {
-  fold_group(q, p, half, scale, c);
-}
-#endif
 // Position in a ring of code rows (cap rows, oldest at `start`).
 struct RingPos {
   int64_t cap = 0, start = 0;
@@ -401,10 +383,7 @@ void kivi_key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::Affi
   const int64_t hd = k.head_dim, half = hd / 2;
   const KeyRunFn simd = pick_key(k.range, half);
   KeyCoef coef;
-  if (simd)
-    fold_group_f16c(q, params, half, scale, coef);
-  else
-    fold_group(q, params, half, scale, coef);
+  detail::fold_key_group(q, params, half, scale, coef);
   const TokenRun run{k.base, k.row_bytes, {k.cap, k.start}, t0, n};
   if (simd)
     simd(run, coef, kcos, ksin, scores);

@@ -64,7 +64,7 @@ void key_scores(const KiviCodes& k, int64_t t0, int64_t n, const kivi::AffinePar
                 float scale, const float* kcos, const float* ksin, float* scores) {
   const int64_t half = k.head_dim / 2, nb = half / 16;
   KeyCoef c;
-  detail::fold_key_group(q, params, half, scale, c, h2f);
+  detail::fold_key_group(q, params, half, scale, c);
   int64_t pr = k.phys(t0);
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* row = k.base + size_t(pr) * k.row_bytes;
