@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -399,6 +401,31 @@ HttpServer::HttpServer(ServerOptions opt, const LoadedModel& lm, Backend& backen
 
 HttpServer::~HttpServer() = default;
 
+namespace {
+
+// cpp-httplib (Debian's 0.11 is a compiled library) listens with a backlog of
+// 5: a burst of connections (the 1,000-connection fault test) overflows the
+// accept queue, the kernel drops handshakes (clients retry after 1, 3, 7 ... s)
+// and resets some connections. A listening socket may be listened on again
+// with a larger backlog; the library does not expose its descriptor, so it is
+// found by its local port.
+void widen_listen_backlog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int accepting = 0;
+    socklen_t len = sizeof accepting;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting) continue;
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
+    int p = -1;
+    if (ss.ss_family == AF_INET) p = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) p = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+    if (p == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
+}  // namespace
+
 int HttpServer::bind() {
   auto& o = impl_->opt;
   int port = o.port;
@@ -408,6 +435,7 @@ int HttpServer::bind() {
   } else if (!impl_->svr.bind_to_port(o.host, o.port)) {
     fail("--host {} --port {}: cannot bind (in use, or not an address of this machine)", o.host, o.port);
   }
+  widen_listen_backlog(port);
   return port;
 }
 
