@@ -1,9 +1,26 @@
 #include <fmt/format.h>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace ptllm {
+
+std::string one_line(const std::string& msg) {
+  bool clean = true;
+  for (unsigned char c : msg) clean = clean && c >= 0x20 && c != 0x7f;
+  if (clean) return msg;
+  std::string out;
+  out.reserve(msg.size() + 8);
+  for (unsigned char c : msg) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += char(c);
+  }
+  return out;
+}
 
 std::string_view dtype_name(DType t) {
   switch (t) {

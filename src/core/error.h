@@ -8,9 +8,15 @@
 
 namespace ptllm {
 
+// Names inside a message come from the files and requests being read (a
+// tensor name, a shard file name, a JSON key), so they may hold newlines or
+// other control bytes. Error escapes those (\n, \r, \t, \xNN) so the
+// one-line promise holds whatever the input was.
+std::string one_line(const std::string& msg);
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+  explicit Error(const std::string& msg) : std::runtime_error(one_line(msg)) {}
 };
 
 // fail("{}: expected {}", path, what) -> throws Error with a formatted message.

@@ -117,6 +117,19 @@ TEST(Regression, ErrorsEchoingFileStringsStayOneLine) {
                "unsupported architecture model_type \"lla\\nma\"");
 }
 
+// The contract itself, for any message: control bytes are escaped, so no
+// caller has to remember to quote a name that came from a file.
+TEST(Regression, ErrorEscapesControlBytes) {
+  EXPECT_STREQ(Error("a\nb\rc\td\x01" "e\x7f").what(), "a\\nb\\rc\\td\\x01e\\x7f");
+  EXPECT_STREQ(Error("plain: text, 'quoted' \xc3\xa9").what(), "plain: text, 'quoted' \xc3\xa9");  // UTF-8 kept
+  try {
+    fail("{}: cannot open", std::string("x\ny"));
+    ADD_FAILURE() << "fail() returned";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "x\\ny: cannot open");
+  }
+}
+
 // Finding (fuzz_tokenizer_json, UBSan): a TemplateProcessing special-token id
 // 1.2e108 went through json::get<int32_t>() (float -> int out of range).
 TEST(Regression, TokenizerFloatIdsAreErrors) {
@@ -209,6 +222,11 @@ TEST(Regression, ShardedIndexRejectsPathsAndMissingTensors) {
   expect_error([&] { TensorStore::open_hf_dir(dir); }, "tensor b listed in the index is missing from a.safetensors");
   index(R"({"weight_map":{"a":"nope.safetensors"}})");
   expect_error([&] { TensorStore::open_hf_dir(dir); }, "nope.safetensors: cannot open");
+  // Finding (fuzz_safetensors_index in CI, 10,765 runs in): a shard name
+  // holding a newline ("a.safet\nsors") reached the mmap "cannot open" error
+  // as two lines. ptllm::Error now escapes control bytes in every message.
+  index(R"({"weight_map":{"a":"a.safet\nsors"}})");
+  expect_error([&] { TensorStore::open_hf_dir(dir); }, "a.safet\\nsors: cannot open");
   index(R"({"weight_map":[]})");
   expect_error([&] { TensorStore::open_hf_dir(dir); }, "expected a \"weight_map\" object");
   index(R"({"weight_map":{"a":"a.safetensors"}})");
