@@ -1,0 +1,118 @@
+// The GPU KV cache of the CUDA backend (CUDA builds only; backend.cc drives
+// it): K/V of every layer in device memory, the slot bookkeeping on the host.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "cuda/kernels.h"
+#include "kv/cache_spec.h"
+#include "model/device_cache.h"
+
+namespace ptllm::cuda {
+
+class Engine;  // the model on the GPU (backend.cc)
+
+// K/V of every layer on the GPU. Plain storage (fp32/fp16/bf16): [layers][kvh][capacity][hd]
+// per K and V, the PlainStore slot layout (sinks, then a ring). Grouped KIVI (int8/int4/int2):
+// kv/grouped_store.h's layout per layer (k::KiviLayer). The slot bookkeeping is the same for
+// every layer (one token per layer per step, no per-layer windows), so it is kept once here on
+// the host. `eng` may be null for a cache driven without a model (probe.h).
+class CudaCache : public DeviceKVCache {
+ public:
+  CudaCache(std::shared_ptr<Engine> eng, const KVCacheShape& s, const CacheSpec& spec);
+
+  // DeviceKVCache (forward and forward_batch run the engine: backend.cc).
+  void forward(const int32_t* tokens, int64_t n, float* logits, bool all_logits) override;
+  void forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) override;
+  int64_t stored(int64_t) const override { return len_; }
+  int64_t room() const override;
+  bool bounded() const override { return spec_.streaming(); }
+  size_t payload_bytes() const override;
+  size_t scale_bytes() const override;
+  std::string describe() const override;
+  void clear() override;
+
+  // ---- used by Engine::run ----
+  // Makes room for n new tokens (StreamingLLM: evicts the oldest non-sink
+  // slots); returns the slot of the first new token. KIVI: also plans the
+  // step's appends and group quantisations (run for each layer by kivi_append).
+  int64_t begin_step(int64_t n);
+  void end_step(int64_t n) {
+    len_ += n;
+    st_ = post_;
+    advance(n);
+  }
+  bool kivi() const { return kivi_; }
+  const Engine* engine() const { return eng_.get(); }
+  k::PlainLayer layer(int64_t l) const;
+  // Layer l's KIVI buffers with the bookkeeping after this step's appends.
+  k::KiviLayer kivi_layer(int64_t l) const { return kivi_layer(l, post_); }
+  // Runs this step's plan on layer l: k (pre-RoPE), v [n, kvh, hd] of the new tokens.
+  void kivi_append(int64_t l, const float* k, const float* v, cudaStream_t s) const;
+  const float* slot_table() const { return kcs_.f(); }
+  // Angles of query i's rotation for slots below run_split() (A) and above (B):
+  // kv/storage_cache.cc's runs. Plain keys are stored rotated at their position
+  // (reposition: slot_q + off, absolute: pos_q); KIVI keys are pre-RoPE and turned
+  // by their slot at read time (reposition: slot_q, absolute: pos_q - off), with
+  // off = 0 for the sinks and the evicted count for the window.
+  int64_t angle_a(int64_t slot_q, int64_t pos_q) const {
+    return spec_.rope_mode == RopeMode::Reposition ? slot_q : pos_q;
+  }
+  int64_t angle_b(int64_t slot_q, int64_t pos_q) const {
+    if (kivi_) return spec_.rope_mode == RopeMode::Reposition ? slot_q : pos_q - evicted_;
+    return spec_.rope_mode == RopeMode::Reposition ? slot_q + evicted_ : pos_q;
+  }
+  int64_t run_split() const { return std::min(sink_cap_, len_); }
+  int64_t len() const { return len_; }
+
+ private:
+  // Grouped KIVI bookkeeping, the CPU store's counters: sinks, quantised tokens, residual rows;
+  // ring starts of the code rows (qstart, over capacity), the residual (rstart, over res_cap) and
+  // the K group parameters (gstart, over gcap); live groups and the oldest one's length.
+  struct KState {
+    int64_t n_sink = 0, n_quant = 0, n_res = 0, qstart = 0, rstart = 0, gstart = 0, n_groups = 0, g0 = 0;
+  };
+  // One step of a plan: rows [src, src + n) of the new tokens to sink rows dst.. or residual ring
+  // rows dst.., or (flush) quantise the G residual rows from rsrc into code rows qdst.. and group
+  // slot gslot. `before`: the bookkeeping when it runs.
+  struct KOp {
+    bool flush = false, to_sink = false;
+    int64_t src = 0, n = 0, dst = 0, qdst = 0, rsrc = 0, gslot = 0;
+    KState before;
+  };
+
+  void init_kivi();
+  k::KiviLayer kivi_layer(int64_t l, const KState& st) const;
+  void kivi_evict(int64_t drop);
+  void kivi_plan(int64_t n);
+
+  std::shared_ptr<Engine> eng_;
+  CacheSpec spec_;
+  k::Elem e_ = k::Elem::F32;
+  int64_t sink_cap_ = 0, ring_cap_ = 0, ring_start_ = 0, len_ = 0, evicted_ = 0;
+  size_t layer_elems_ = 0;
+  DevBuf k_, v_;
+  // Grouped KIVI.
+  bool kivi_ = false;
+  int bits_ = 8;
+  k::Elem re_ = k::Elem::F16;
+  int64_t res_cap_ = 0, gcap_ = 0;
+  size_t row_ = 0, l_codes_ = 0, l_kpar_ = 0, l_vpar_ = 0, l_sink_ = 0, l_res_ = 0;  // per-layer sizes
+  DevBuf kcodes_, vcodes_, kpar_, vpar_, ksink_, vsink_, kres_, vres_, kcs_;
+  KState st_, post_;
+  std::vector<KOp> ops_;
+};
+
+// Layer l of one sequence's step: stores its nb new K/V rows and attends its nb
+// queries. kk [nb, KD] rotated at the keys' positions (plain caches), kraw the
+// same keys before RoPE (KIVI), vv [nb, KD]; q [nb, nh * hd] un-rotated, qcs
+// [nb, 2, hd] the query tables (angle_a / angle_b); out [nb, nh * hd].
+void attend_layer(const CudaCache& cc, int64_t l, const float* kk, const float* kraw, const float* vv, const float* q,
+                  const float* qcs, int64_t first, int64_t nb, int nh, float scale, float* out, float* part,
+                  cudaStream_t s);
+
+}  // namespace ptllm::cuda
