@@ -10,17 +10,11 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "ops/quant.h"
+#include "../tests/randn.h"
 
 namespace ptllm::bench {
 
-// n normal values with standard deviation `sd`, the same for the same seed.
-inline std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;  // tests/randn.h
 
 // A random weight [out, in] (seed 7, standard deviation `sd`) stored as
 // `dtype`: F32, BF16, F16 or a GGUF block type. `view` points into `bytes`.

@@ -44,6 +44,25 @@ KV_ALL=fp32,fp16,bf16,int8,int4,int2
 SCHEMES=(--kivi-group 32,0 --kivi-residual 128,0)
 
 # Sections that run the same way on both models (MODEL, plus the plot file or lengths).
+# perplexity ARGS --json twice (runs a and b): each run's summary, then exit 1
+# unless both give the same mean NLL bit for bit. TAG names the files
+# /tmp/eval_twice_TAG_{a,b}.json.
+twice() {  # TAG ARGS...
+  local tag=$1 r
+  shift
+  for r in a b; do
+    show "$BIN" perplexity "$@" --json
+    "$BIN" perplexity "$@" --json --threads "$THREADS" -q > /tmp/eval_twice_${tag}_$r.json
+    jq -c '.results[0].through_cache | {ppl, predictions, max_stored_tokens, max_cache_bytes, tokens_per_second}' \
+      /tmp/eval_twice_${tag}_$r.json
+  done
+  if jq -e -n --slurpfile a /tmp/eval_twice_${tag}_a.json --slurpfile b /tmp/eval_twice_${tag}_b.json \
+       '$a[0].results[0].through_cache.mean_nll == $b[0].results[0].through_cache.mean_nll' >/dev/null; then
+    echo "deterministic: both runs give the same mean NLL bit for bit"
+  else
+    echo "NOT deterministic" && exit 1
+  fi
+}
 streams() {
   run "$BIN" perplexity "$1" "${BOOKS[@]}" --stream "$N" "${STREAM_CONFIGS[@]}" --kv-quantize fp32,int8,int4 --plot "$2"
   run "$BIN" perplexity "$1" "${BOOKS[@]}" --stream "$N" --streaming-llm-sink 4 --streaming-llm-window 252 \
@@ -77,19 +96,7 @@ section() {
     flagship-stream) streams $FLAG docs/eval_stream_flagship.svg ;;
     flagship-8k)
       # Twice, to show the result is deterministic; memory stays flat (max stored <= sink + window).
-      for r in a b; do
-        show "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 --json
-        "$BIN" perplexity $FLAG "${BOOKS[1]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 --json \
-          --threads "$THREADS" -q > /tmp/eval_8k_$r.json
-        jq -c '.results[0].through_cache | {ppl, predictions, max_stored_tokens, max_cache_bytes, tokens_per_second}' \
-          /tmp/eval_8k_$r.json
-      done
-      if jq -e -n --slurpfile a /tmp/eval_8k_a.json --slurpfile b /tmp/eval_8k_b.json \
-           '$a[0].results[0].through_cache.mean_nll == $b[0].results[0].through_cache.mean_nll' >/dev/null; then
-        echo "deterministic: both runs give the same mean NLL bit for bit"
-      else
-        echo "NOT deterministic" && exit 1
-      fi ;;
+      twice 8k $FLAG "${BOOKS[1]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 ;;
     flagship-8k-kivi)
       # Issue 6: 8,192 tokens of each book, sink 4 + window 252, reposition; grouped vs simple KIVI.
       run "$BIN" perplexity $FLAG "${BOOKS[@]}" --stream 8192 --streaming-llm-sink 4 --streaming-llm-window 252 \
@@ -120,21 +127,9 @@ section() {
       # The books end to end as one input, 200,000 tokens, sink 4 + window 1,020, int4; twice (determinism).
       local all=/tmp/eval_long_books.txt
       cat "${BOOKS[@]}" > "$all"
-      for r in a b; do
-        show "$BIN" perplexity $LONG "$all" --stream 200000 --streaming-llm-sink 4 --streaming-llm-window 1020 \
-          --kv-quantize int4 --plot docs/eval_stream_long_200k.svg --json
-        "$BIN" perplexity $LONG "$all" --stream 200000 --streaming-llm-sink 4 --streaming-llm-window 1020 \
-          --kv-quantize int4 --plot docs/eval_stream_long_200k.svg --json --threads "$THREADS" -q > /tmp/eval_200k_$r.json
-        jq -c '.results[0].through_cache | {ppl, predictions, max_stored_tokens, max_cache_bytes, tokens_per_second}' \
-          /tmp/eval_200k_$r.json
-      done
-      jq -r '.results[0].through_cache.segments[]? | "\(.first)-\(.last): ppl \(.ppl) (\(.predictions) predictions)"' /tmp/eval_200k_a.json || true
-      if jq -e -n --slurpfile a /tmp/eval_200k_a.json --slurpfile b /tmp/eval_200k_b.json \
-           '$a[0].results[0].through_cache.mean_nll == $b[0].results[0].through_cache.mean_nll' >/dev/null; then
-        echo "deterministic: both runs give the same mean NLL bit for bit"
-      else
-        echo "NOT deterministic" && exit 1
-      fi ;;
+      twice 200k $LONG "$all" --stream 200000 --streaming-llm-sink 4 --streaming-llm-window 1020 \
+        --kv-quantize int4 --plot docs/eval_stream_long_200k.svg
+      jq -r '.results[0].through_cache.segments[]? | "\(.first)-\(.last): ppl \(.ppl) (\(.predictions) predictions)"' /tmp/eval_twice_200k_a.json || true ;;
     *) echo "unknown section $1" >&2; exit 1 ;;
   esac
 }

@@ -15,23 +15,16 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/session.h"
 #include "kv/cache_spec.h"
 #include "ops/ops.h"
+#include "randn.h"
 
 namespace ptllm::test {
 
 inline std::string shared_dir() { return PTLLM_SHARED_DIR; }
 inline std::string repo_dir() { return PTLLM_REPO_DIR; }
 inline std::string fixture(const std::string& rel) { return shared_dir() + "/fixtures/" + rel; }
-
-// n normal values with standard deviation `sd`, the same for the same seed.
-inline std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 // Restores the SIMD level when a test that switches levels ends.
 struct SimdGuard {
@@ -92,6 +85,22 @@ inline CacheSpec cache_spec(KVStorage s, int64_t sink = 0, int64_t window = 0, R
   o.window = window;
   o.rope_mode = r;
   return o;
+}
+
+// n greedy tokens after `prompt` through a fresh default (fp32, unbounded)
+// cache sized for prompt + n, EOS ignored: the decode every reference
+// comparison of greedy continuations starts from.
+inline std::vector<int32_t> greedy_tokens(const LoadedModel& lm, const std::vector<int32_t>& prompt, size_t n) {
+  Session s(lm, make_default_cache(*lm.model, int64_t(prompt.size() + n)));
+  GenerateOptions go;
+  go.max_new_tokens = int64_t(n);
+  go.ignore_eos = true;
+  std::vector<int32_t> got;
+  s.generate(prompt, go, [&](int32_t id) {
+    got.push_back(id);
+    return true;
+  });
+  return got;
 }
 
 struct CliResult {

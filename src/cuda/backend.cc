@@ -240,14 +240,6 @@ void route_caches_to(const std::shared_ptr<Engine>& eng) {
 }
 }  // namespace
 
-WeightType parse_weight_type(const std::string& text, const std::string& flag) {
-  if (text == "auto") return WeightType::Auto;
-  if (text == "f32") return WeightType::F32;
-  if (text == "bf16") return WeightType::BF16;
-  if (text == "f16") return WeightType::F16;
-  fail("{} {}: expected auto, f32, bf16 or f16", flag, text);
-}
-
 bool built() { return true; }
 
 void activate(const Model& model, WeightType weights) {

@@ -177,16 +177,8 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
   __syncthreads();
   const int len = b1 - b0;
   if (warp == 0) {
-    float m = -INFINITY;
-    for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
-    m = warp_max(m);
-    float l = 0;
-    for (int j = lane; j < len; j += 32) {
-      const float e = expf(p[j] - m);
-      p[j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
+    float m, l;
+    warp_softmax_exp(p, len, lane, m, l);
     if (lane == 0) { red[0] = m; red[1] = l; }
   }
   __syncthreads();

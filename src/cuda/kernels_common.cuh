@@ -70,6 +70,22 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// One warp's softmax numerator over a chunk's scores p[0, len): p[j] <- exp(p[j] - m).
+// m (the max) and l (the sum of the exps) come back on every lane, for the
+// cross-chunk merge.
+__device__ __forceinline__ void warp_softmax_exp(float* p, int len, int lane, float& m, float& l) {
+  m = -INFINITY;
+  for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+  m = warp_max(m);
+  l = 0;
+  for (int j = lane; j < len; j += 32) {
+    const float e = expf(p[j] - m);
+    p[j] = e;
+    l += e;
+  }
+  l = warp_sum(l);
+}
+
 }  // namespace
 
 // Blocks for an elementwise kernel over n values (256 threads each, at most 4,096).

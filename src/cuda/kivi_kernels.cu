@@ -265,17 +265,8 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
   __syncthreads();
   const int len = b1 - b0;
   for (int g = warp; g < hpb; g += kThreads / 32) {  // one warp per head's softmax
-    float* pg = p + g * chunk;
-    float m = -INFINITY;
-    for (int j = lane; j < len; j += 32) m = fmaxf(m, pg[j]);
-    m = warp_max(m);
-    float l = 0;
-    for (int j = lane; j < len; j += 32) {
-      const float e = expf(pg[j] - m);
-      pg[j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
+    float m, l;
+    warp_softmax_exp(p + g * chunk, len, lane, m, l);
     if (lane == 0) { red[2 * g] = m; red[2 * g + 1] = l; }
   }
   __syncthreads();

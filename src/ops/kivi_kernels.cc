@@ -327,30 +327,19 @@ auto by_width(int64_t size, Get get) -> decltype(get(Const<1>{})) {
 // Each kernel family: its pointer type, its AVX2 / AVX-512 template (as a
 // variable template over BITS and W) and its widest row in 16-lane blocks.
 // Keys per channel work on half rows (the RoPE halves), so theirs stops at 8.
-struct KeyFamily {
-  using Fn = KeyRunFn;
-  static constexpr int kMaxW = 8;
-  template <int B, int W>
-  static constexpr Fn avx2 = key_run_avx2<B, W>;
-  template <int B, int W>
-  static constexpr Fn avx512 = key_run_avx512<B, W>;
-};
-struct ValueFamily {
-  using Fn = ValueRunFn;
-  static constexpr int kMaxW = 16;
-  template <int B, int W>
-  static constexpr Fn avx2 = value_run_avx2<B, W>;
-  template <int B, int W>
-  static constexpr Fn avx512 = value_run_avx512<B, W>;
-};
-struct KeyTokFamily {
-  using Fn = KeyTokFn;
-  static constexpr int kMaxW = 16;
-  template <int B, int W>
-  static constexpr Fn avx2 = key_tok_run_avx2<B, W>;
-  template <int B, int W>
-  static constexpr Fn avx512 = key_tok_run_avx512<B, W>;
-};
+#define PTLLM_KIVI_FAMILY(Name, FnType, max_w, kernel)  \
+  struct Name {                                          \
+    using Fn = FnType;                                   \
+    static constexpr int kMaxW = max_w;                  \
+    template <int B, int W>                              \
+    static constexpr Fn avx2 = kernel##_avx2<B, W>;      \
+    template <int B, int W>                              \
+    static constexpr Fn avx512 = kernel##_avx512<B, W>;  \
+  };
+PTLLM_KIVI_FAMILY(KeyFamily, KeyRunFn, 8, key_run)
+PTLLM_KIVI_FAMILY(ValueFamily, ValueRunFn, 16, value_run)
+PTLLM_KIVI_FAMILY(KeyTokFamily, KeyTokFn, 16, key_tok_run)
+#undef PTLLM_KIVI_FAMILY
 // The variant of `F` for (bits, size) at the current level; null: the scalar reference.
 template <class F>
 typename F::Fn pick_variant(int bits, int64_t size) {

@@ -322,36 +322,53 @@ TEST(CudaBackend, KiviLayerMatchesCpuExactly) {
   for (const LayerCase& c : cases) compare_layer(c);
 }
 
-// forward_batch over sequences at different positions and cache settings
-// matches each sequence stepped alone on the CPU.
-TEST(CudaBackend, BatchMatchesCpu) {
-  auto m = load(fixture("hf/llama-gqa-tied"));
-  const int64_t V = m->config().vocab_size;
-  const CacheSpec specs[] = {cache_spec(KVStorage::F16), cache_spec(KVStorage::F32), cache_spec(KVStorage::F16, 2, 6)};
-  std::vector<std::unique_ptr<Decoder>> cpu, gpu;
-  for (int b = 0; b < 3; ++b) {
-    std::vector<int32_t> p(size_t(3 + 4 * b));
+// One CPU and one GPU decoder per spec, each prefilled with its own prompt of
+// 3 + prompt_step * b ids, then `steps` batch steps of ids(step, b) on both;
+// every step's logits of each sequence within `tol` (relative). Returns the
+// worst error; the decoders are left in `cpu` / `gpu` for further checks.
+template <typename Ids>
+double batch_vs_cpu(const Model& m, const std::vector<CacheSpec>& specs, size_t prompt_step, int steps, Ids ids_of,
+                    double tol, std::vector<std::unique_ptr<Decoder>>& cpu, std::vector<std::unique_ptr<Decoder>>& gpu) {
+  const int64_t V = m.config().vocab_size;
+  const int B = int(specs.size());
+  for (int b = 0; b < B; ++b) {
+    std::vector<int32_t> p(3 + prompt_step * size_t(b));
     for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 31 + size_t(b) * 7) % size_t(V));
-    cpu.push_back(std::make_unique<Decoder>(*m, make_cache(m->cache_shape(64), specs[b])));
+    cpu.push_back(std::make_unique<Decoder>(m, make_cache(m.cache_shape(64), specs[size_t(b)])));
     cpu.back()->prefill(p);
-    cuda::activate(*m);
-    gpu.push_back(std::make_unique<Decoder>(*m, make_cache(m->cache_shape(64), specs[b])));
+    cuda::activate(m);
+    gpu.push_back(std::make_unique<Decoder>(m, make_cache(m.cache_shape(64), specs[size_t(b)])));
     cuda::deactivate();
     gpu.back()->prefill(p);
   }
-  for (int step = 0; step < 12; ++step) {
-    std::vector<int32_t> ids = {int32_t(step % V), int32_t((step * 5 + 1) % V), int32_t((step * 11 + 2) % V)};
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int32_t> ids;
     std::vector<Decoder*> pc, pg;
-    for (int b = 0; b < 3; ++b) {
+    for (int b = 0; b < B; ++b) {
+      ids.push_back(int32_t(ids_of(step, b) % V));
       pc.push_back(cpu[size_t(b)].get());
       pg.push_back(gpu[size_t(b)].get());
     }
     step_batch(pc, ids);
     step_batch(pg, ids);
-    for (int b = 0; b < 3; ++b)
-      EXPECT_LE(rel_err(pg[size_t(b)]->logits().data(), pc[size_t(b)]->logits().data(), V), 1e-3)
-          << "step " << step << " seq " << b;
+    for (int b = 0; b < B; ++b) {
+      const double e = rel_err(pg[size_t(b)]->logits().data(), pc[size_t(b)]->logits().data(), V);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, tol) << "step " << step << " seq " << b;
+    }
   }
+  return worst;
+}
+
+// forward_batch over sequences at different positions and cache settings
+// matches each sequence stepped alone on the CPU.
+TEST(CudaBackend, BatchMatchesCpu) {
+  auto m = load(fixture("hf/llama-gqa-tied"));
+  std::vector<std::unique_ptr<Decoder>> cpu, gpu;
+  const int64_t mult[] = {1, 5, 11};
+  batch_vs_cpu(*m, {cache_spec(KVStorage::F16), cache_spec(KVStorage::F32), cache_spec(KVStorage::F16, 2, 6)}, 4, 12,
+               [&](int step, int b) { return step * mult[b] + b; }, 1e-3, cpu, gpu);
 }
 
 // What the GPU cache does not do is refused where the cache is made, with one
@@ -395,41 +412,14 @@ TEST(CudaBackend, UnsupportedCacheIsAClearError) {
 // one, each sequence at its own position: matches each stepped on the CPU.
 TEST(CudaBackend, BatchKiviMatchesCpu) {
   auto m = load(fixture("hf/llama-gqa-tied"));
-  const int64_t V = m->config().vocab_size;
-  const CacheSpec specs[] = {cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 4, 8),
-                             cache_spec(KVStorage::F16),
-                             cache_spec(KVStorage::Int2, 2, 13, RopeMode::Reposition, 4, 4),
-                             cache_spec(KVStorage::Int8, 2, 10, RopeMode::Absolute, 2, 4)};
-  constexpr int B = 4;
+  const std::vector<CacheSpec> specs = {cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 4, 8),
+                                        cache_spec(KVStorage::F16),
+                                        cache_spec(KVStorage::Int2, 2, 13, RopeMode::Reposition, 4, 4),
+                                        cache_spec(KVStorage::Int8, 2, 10, RopeMode::Absolute, 2, 4)};
   std::vector<std::unique_ptr<Decoder>> cpu, gpu;
-  for (int b = 0; b < B; ++b) {
-    std::vector<int32_t> p(size_t(3 + 5 * b));
-    for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 31 + size_t(b) * 7) % size_t(V));
-    cpu.push_back(std::make_unique<Decoder>(*m, make_cache(m->cache_shape(64), specs[b])));
-    cpu.back()->prefill(p);
-    cuda::activate(*m);
-    gpu.push_back(std::make_unique<Decoder>(*m, make_cache(m->cache_shape(64), specs[b])));
-    cuda::deactivate();
-    gpu.back()->prefill(p);
-  }
-  double worst = 0;
-  for (int step = 0; step < 30; ++step) {
-    std::vector<int32_t> ids;
-    for (int b = 0; b < B; ++b) ids.push_back(int32_t((step * (5 + 6 * b) + b) % V));
-    std::vector<Decoder*> pc, pg;
-    for (int b = 0; b < B; ++b) {
-      pc.push_back(cpu[size_t(b)].get());
-      pg.push_back(gpu[size_t(b)].get());
-    }
-    step_batch(pc, ids);
-    step_batch(pg, ids);
-    for (int b = 0; b < B; ++b) {
-      const double e = rel_err(pg[size_t(b)]->logits().data(), pc[size_t(b)]->logits().data(), V);
-      worst = std::max(worst, e);
-      EXPECT_LE(e, 2e-3) << "step " << step << " seq " << b;
-    }
-  }
-  for (int b = 0; b < B; ++b) EXPECT_EQ(gpu[size_t(b)]->cache().payload_bytes(), cpu[size_t(b)]->cache().payload_bytes());
+  const double worst = batch_vs_cpu(*m, specs, 5, 30, [](int step, int b) { return step * (5 + 6 * b) + b; }, 2e-3,
+                                    cpu, gpu);
+  for (size_t b = 0; b < specs.size(); ++b) EXPECT_EQ(gpu[b]->cache().payload_bytes(), cpu[b]->cache().payload_bytes());
   std::printf("batch of 4 (int4, fp16, int2 sink 2 + window 13, int8 absolute): max rel logit err %.2e\n", worst);
 }
 

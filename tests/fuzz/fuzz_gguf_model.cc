@@ -4,7 +4,7 @@
 // decode step (a 2-slot cache), so the views the loader accepted are read.
 #include <vector>
 
-#include "engine/session.h"
+#include "fuzz_forward.h"
 #include "fuzz_util.h"
 #include "model/gguf_model.h"
 
@@ -19,12 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         c.head_dim % 2 || c.n_heads % c.n_kv_heads || c.vocab_size <= 0 || !(c.rms_eps > 0) || !(c.rope.theta > 0))
       fuzz::finding("accepted an inconsistent config: " + c.summary());
     if (c.vocab_size != gguf->tensor("token_embd.weight").rows()) fuzz::finding("vocab != token_embd rows");
-    // See tests/fuzz/CMakeLists.txt: ops.cc is built for AVX-512 in this build.
-    if (!__builtin_cpu_supports("avx512f")) return 0;
-    auto cache = ptllm::make_default_cache(*model, 2);
-    std::vector<float> logits(size_t(c.vocab_size));
-    const int32_t id = c.bos_id >= 0 && c.bos_id < c.vocab_size ? c.bos_id : 0;
-    model->forward(&id, 1, *cache, logits.data(), false);
+    fuzz::forward_one(*model);
   } catch (const ptllm::Error& e) {
     fuzz::check_error(e);
   }

@@ -48,15 +48,7 @@ TEST(FlagshipLong, GreedyMatchesTransformersReference) {
     auto body = lm.tokenizer->encode(p["prompt"].get<std::string>(), false);
     encoded.insert(encoded.end(), body.begin(), body.end());
     EXPECT_EQ(encoded, prompt) << p["prompt"];
-    Session s(lm, make_default_cache(*lm.model, int64_t(prompt.size() + expect.size())));
-    GenerateOptions go;
-    go.max_new_tokens = int64_t(expect.size());
-    go.ignore_eos = true;
-    std::vector<int32_t> got;
-    s.generate(prompt, go, [&](int32_t id) {
-      got.push_back(id);
-      return true;
-    });
+    const std::vector<int32_t> got = test::greedy_tokens(lm, prompt, expect.size());
     ASSERT_EQ(got.size(), expect.size());
     bool tie = false;
     for (size_t i = 0; i < expect.size(); ++i) {

@@ -105,15 +105,7 @@ TEST(Flagship, GreedyMatchesTransformersReference) {
     auto expect = p["greedy_new_tokens"].get<std::vector<int32_t>>();
     auto margin = p["top1_top2_margin"].get<std::vector<double>>();
     EXPECT_EQ(lm.tokenizer->encode(p["prompt"].get<std::string>()), prompt) << p["prompt"];
-    Session s(lm, make_default_cache(*lm.model, int64_t(prompt.size() + expect.size())));
-    GenerateOptions go;
-    go.max_new_tokens = int64_t(expect.size());
-    go.ignore_eos = true;
-    std::vector<int32_t> got;
-    s.generate(prompt, go, [&](int32_t id) {
-      got.push_back(id);
-      return true;
-    });
+    const std::vector<int32_t> got = test::greedy_tokens(lm, prompt, expect.size());
     ASSERT_EQ(got.size(), expect.size());
     // Exact match up to the first near-tie (after which greedy paths may diverge legitimately).
     for (size_t i = 0; i < expect.size(); ++i) {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Speed side by side with llama.cpp on the same GGUF file, alternated in one
+# run (this VM drifts by tens of percent within minutes, so each round runs
+# both engines back to back and the order flips every round):
+#   ours:      posttrainllm bench FILE -p P -n N -r R --json
+#   llama.cpp: node scripts/llamacpp_bench.mjs FILE -p P -n N -r R
+# Both time prefill of P tokens on an empty cache and decode as llama-bench's
+# tg (from an empty cache, one token per call). A figure is the median over
+# ROUNDS of each run's mean tokens/s.
+#
+#   scripts/bench_vs_llamacpp.sh [OURS.gguf|OURS:LLAMA.gguf]...
+#   env: P=512 N=128 R=3 ROUNDS=3 THREADS=2 JSON=out.json (raw runs)
+# OURS:LLAMA times ours on OURS and llama.cpp on LLAMA (e.g. our bf16 against
+# llama.cpp's f16 of the same weights, since llama.cpp's CPU bf16 is slower).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+P=${P:-512} N=${N:-128} R=${R:-3} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-2}
+BUILD=${BUILD_DIR:-build}
+BIN="$BUILD/app/posttrainllm"
+[ $# -ge 1 ] || { echo "usage: scripts/bench_vs_llamacpp.sh FILE.gguf|OURS:LLAMA.gguf ..." >&2; exit 2; }
+[ -x "$BIN" ] || { echo "bench_vs_llamacpp: $BIN not built (scripts/setup.sh)" >&2; exit 2; }
+for spec in "$@"; do
+  for f in ${spec/:/ }; do [ -f "$f" ] || { echo "bench_vs_llamacpp: $f: no such file" >&2; exit 2; }; done
+done
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
+     "P=$P N=$N R=$R ROUNDS=$ROUNDS THREADS=$THREADS" >&2
+ours() { "$BIN" bench "$1" -p "$P" -n "$N" -r "$R" --threads "$THREADS" --json 2>/dev/null | python3 -c "
+import json, sys; j = json.load(sys.stdin)
+print(json.dumps({'engine': 'ours', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'simd': j['simd'],
+  'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean'),
+  'bytes_per_token': j.get('decode', {}).get('weight_bytes_per_token')}))" "$2" "$3"; }
+theirs() { node scripts/llamacpp_bench.mjs "$1" -p "$P" -n "$N" -r "$R" --threads "$THREADS" | python3 -c "
+import json, sys; j = json.load(sys.stdin)
+print(json.dumps({'engine': 'llama.cpp', 'key': sys.argv[1], 'round': int(sys.argv[2]),
+  'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean')}))" "$2" "$3"; }
+for round in $(seq 1 "$ROUNDS"); do
+  for spec in "$@"; do
+    o=${spec%%:*}; l=${spec#*:}
+    if [ $((round % 2)) -eq 1 ]; then
+      ours "$o" "$spec" "$round" >>"$raw"; theirs "$l" "$spec" "$round" >>"$raw"
+    else
+      theirs "$l" "$spec" "$round" >>"$raw"; ours "$o" "$spec" "$round" >>"$raw"
+    fi
+    echo "round $round/$ROUNDS: $spec done" >&2
+  done
+done
+[ -n "${JSON:-}" ] && cp "$raw" "$JSON"
+python3 - "$raw" "$P" "$N" "$@" <<'EOF'
+import json, os, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+P, N, specs = sys.argv[2], sys.argv[3], sys.argv[4:]
+med = lambda xs: statistics.median(xs) if xs else float('nan')
+print(f"| file (ours : llama.cpp) | pp{P} ours | pp{P} llama.cpp | ratio | tg{N} ours | tg{N} llama.cpp | ratio | ours GB/s |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for s in specs:
+    get = lambda e, k: [r[k] for r in runs if r['key'] == s and r['engine'] == e and r[k] is not None]
+    op, lp, od, ld = med(get('ours', 'prefill')), med(get('llama.cpp', 'prefill')), med(get('ours', 'decode')), med(get('llama.cpp', 'decode'))
+    b = med(get('ours', 'bytes_per_token'))
+    name = ' : '.join(os.path.basename(x) for x in s.split(':', 1))
+    print(f"| {name} | {op:.1f} | {lp:.1f} | {op / lp:.2f} | {od:.1f} | {ld:.1f} | {od / ld:.2f} | {b * od / 1e9:.1f} |")
+EOF
