@@ -186,12 +186,14 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
 
   // Phase 2, parallel over (query, head): softmax attention. Scores and the
   // weighted sum come from the stores (one virtual call per run of slots).
+  // Cyclic (static, 1): query i reads first + i + 1 slots, so contiguous
+  // chunks would give the last thread ~3/4 of a causal prefill's work.
   const int64_t qstride = s.n_heads * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel
   {
     std::vector<float> qr(static_cast<size_t>(hd)), scores(static_cast<size_t>(std::max<int64_t>(len, 1)));
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
     for (int64_t ih = 0; ih < n * s.n_heads; ++ih) {
       const int64_t i = ih / s.n_heads, h = ih % s.n_heads, kvh = h / group;
       const HadamardRotation* rot = rotation(layer, kvh);

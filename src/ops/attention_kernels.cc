@@ -131,6 +131,71 @@ void weighted_sum_rows_avx512(const float* p, const float* v, int64_t len, float
 
 #pragma GCC pop_options
 
+// ---------- AVX2: dot_rows, weighted_sum_rows ----------
+// Each key's score is its own FMA chain over hd / 8 lanes and one horizontal
+// sum (4 keys interleaved for throughput), so it does not depend on the run
+// it is in, as with the AVX-512 kernel.
+template <int NC>
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 dot_one_avx2(const __m256* qv, const float* kt) {
+  __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(kt), qv[0]);
+  for (int c = 1; c < NC; ++c) acc = _mm256_fmadd_ps(_mm256_loadu_ps(kt + 8 * c), qv[c], acc);
+  return acc;
+}
+
+template <int NC>
+__attribute__((target("avx2,fma"))) void dot_rows_avx2(const float* q, const float* k, int64_t len, float scale,
+                                                       float* scores) {
+  constexpr int64_t hd = 8 * NC;
+  __m256 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
+  int64_t t = 0;
+  for (; t + 4 <= len; t += 4) {
+    const __m256 a0 = dot_one_avx2<NC>(qv, k + t * hd), a1 = dot_one_avx2<NC>(qv, k + (t + 1) * hd),
+                 a2 = dot_one_avx2<NC>(qv, k + (t + 2) * hd), a3 = dot_one_avx2<NC>(qv, k + (t + 3) * hd);
+    scores[t] = hsum8(a0) * scale;
+    scores[t + 1] = hsum8(a1) * scale;
+    scores[t + 2] = hsum8(a2) * scale;
+    scores[t + 3] = hsum8(a3) * scale;
+  }
+  for (; t < len; ++t) scores[t] = hsum8(dot_one_avx2<NC>(qv, k + t * hd)) * scale;
+}
+
+// hd = 8 * NC: keys added in order, one FMA chain per 8 lanes (the AVX-512
+// kernel's order), masked keys (p == 0) skipped as in the reference.
+template <int NC>
+__attribute__((target("avx2,fma"))) void weighted_sum_rows_avx2(const float* p, const float* v, int64_t len,
+                                                                float* out) {
+  constexpr int64_t hd = 8 * NC;
+  __m256 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm256_loadu_ps(out + 8 * c);
+  for (int64_t t = 0; t < len; ++t) {
+    if (p[t] == 0.f) continue;
+    const __m256 pt = _mm256_set1_ps(p[t]);
+    const float* vt = v + t * hd;
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+DotRowsFn dot_rows_avx2_for(int64_t hd) {
+  switch (hd) {
+    case 16: return dot_rows_avx2<2>;
+    case 32: return dot_rows_avx2<4>;
+    case 64: return dot_rows_avx2<8>;
+    case 128: return dot_rows_avx2<16>;
+    default: return nullptr;
+  }
+}
+WeightedSumFn weighted_sum_avx2_for(int64_t hd) {
+  switch (hd) {
+    case 16: return weighted_sum_rows_avx2<2>;
+    case 32: return weighted_sum_rows_avx2<4>;
+    case 64: return weighted_sum_rows_avx2<8>;
+    case 128: return weighted_sum_rows_avx2<16>;
+    default: return nullptr;
+  }
+}
+
 // ---------- rotated rows: AVX-512 / AVX2 ----------
 template <int NB>
 __attribute__((target("avx512f,avx2,fma"))) void rot_rows_avx512(const float* q, const float* k, int64_t n,
@@ -209,6 +274,8 @@ RotRowsFn rot_rows_avx2_for(int64_t half) {
   }
 }
 #else
+DotRowsFn dot_rows_avx2_for(int64_t) { return nullptr; }
+WeightedSumFn weighted_sum_avx2_for(int64_t) { return nullptr; }
 DotRowsFn dot_rows_avx512_for(int64_t) { return nullptr; }
 WeightedSumFn weighted_sum_avx512_for(int64_t) { return nullptr; }
 RotRowsFn rot_rows_avx512_for(int64_t) { return nullptr; }
@@ -219,12 +286,12 @@ RotRowsFn rot_rows_avx2_for(int64_t) { return nullptr; }
 
 // A null pick() below means "no SIMD variant for this size": the reference runs.
 void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores) {
-  if (const DotRowsFn f = pick<DotRowsFn>(nullptr, nullptr, dot_rows_avx512_for(hd))) return f(q, k, len, scale, scores);
+  if (const DotRowsFn f = pick<DotRowsFn>(nullptr, dot_rows_avx2_for(hd), dot_rows_avx512_for(hd))) return f(q, k, len, scale, scores);
   dot_rows_scalar(q, k, len, hd, scale, scores);
 }
 
 void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, float* out) {
-  if (const WeightedSumFn f = pick<WeightedSumFn>(nullptr, nullptr, weighted_sum_avx512_for(hd)))
+  if (const WeightedSumFn f = pick<WeightedSumFn>(nullptr, weighted_sum_avx2_for(hd), weighted_sum_avx512_for(hd)))
     return f(p, v, len, out);
   weighted_sum_rows_scalar(p, v, len, hd, out);
 }

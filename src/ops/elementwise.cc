@@ -1,5 +1,5 @@
 // Elementwise and per-row kernels: RMSNorm, SiLU·mul, softmax, axpy. Scalar
-// references and AVX-512 variants (a vector e^x for softmax and SiLU).
+// references, AVX2 and AVX-512 variants (a vector e^x for softmax and SiLU).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -39,6 +39,98 @@ void softmax_scalar(float* x, int64_t n) {
 void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
+
+#if PTLLM_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+// e^x for 8 lanes, exp16's algorithm (below). AVX2 has no scalef, so 2^n
+// (n in [-150, 127]) is applied as two factors 2^(n/2) and 2^(n - n/2), each a
+// normal float, as ops_neon.cc's exp4 does: results in the subnormal range
+// come out as std::exp's do (within ~2 ulp).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-104.f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// The last < 8 elements go through the same vector code (masked loads and
+// stores): an element's result must not depend on where it sits (a batch's rows are
+// one buffer; batch invariance needs each row's bits as when it is alone).
+inline __m256i tail_mask8(int64_t left) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(left)), idx);
+}
+
+void silu_mul_avx2(float* gate, const float* up, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask8(n - i);
+    const __m256 g = _mm256_maskload_ps(gate + i, m);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_maskstore_ps(gate + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(up + i, m)));
+  }
+}
+
+void softmax_avx2(float* x, int64_t n) {
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i k = tail_mask8(n - i);
+    mv = _mm256_blendv_ps(mv, _mm256_max_ps(mv, _mm256_maskload_ps(x + i, k)), _mm256_castsi256_ps(k));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mv);
+  float m = -INFINITY;
+  for (float l : lanes) m = std::max(m, l);
+  if (!(m > -INFINITY) || !std::isfinite(m)) return softmax_scalar(x, n);  // all masked, or inf/NaN
+  const __m256 mb = _mm256_set1_ps(m);
+  // Sum in double, as the scalar reference does.
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i k = tail_mask8(n - i);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), mb)), _mm256_castsi256_ps(k));
+    _mm256_maskstore_ps(x + i, k, e);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double parts[4];
+  _mm256_store_pd(parts, _mm256_add_pd(s0, s1));
+  const double s = (parts[0] + parts[1]) + (parts[2] + parts[3]);
+  const __m256 iv = _mm256_set1_ps(float(1.0 / s));
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i k = tail_mask8(n - i);
+    _mm256_maskstore_ps(x + i, k, _mm256_mul_ps(_mm256_maskload_ps(x + i, k), iv));
+  }
+}
+
+void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i k = tail_mask8(n - i);
+    _mm256_maskstore_ps(y + i, k, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, k), _mm256_maskload_ps(y + i, k)));
+  }
+}
+
+#pragma GCC pop_options
+#endif  // PTLLM_X86
 
 #if PTLLM_X86
 #pragma GCC push_options
@@ -137,15 +229,15 @@ void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, in
 }
 
 void silu_mul(float* gate, const float* up, int64_t n) {
-  pick(silu_mul_scalar, nullptr, PTLLM_X86_FN(silu_mul_avx512), PTLLM_NEON_FN(neon::silu_mul))(gate, up, n);
+  pick(silu_mul_scalar, PTLLM_X86_FN(silu_mul_avx2), PTLLM_X86_FN(silu_mul_avx512), PTLLM_NEON_FN(neon::silu_mul))(gate, up, n);
 }
 
 void softmax(float* x, int64_t n) {
-  pick(softmax_scalar, nullptr, PTLLM_X86_FN(softmax_avx512), PTLLM_NEON_FN(neon::softmax))(x, n);
+  pick(softmax_scalar, PTLLM_X86_FN(softmax_avx2), PTLLM_X86_FN(softmax_avx512), PTLLM_NEON_FN(neon::softmax))(x, n);
 }
 
 void axpy(float a, const float* x, float* y, int64_t n) {
-  pick(axpy_scalar, nullptr, PTLLM_X86_FN(axpy_avx512), PTLLM_NEON_FN(neon::axpy))(a, x, y, n);
+  pick(axpy_scalar, PTLLM_X86_FN(axpy_avx2), PTLLM_X86_FN(axpy_avx512), PTLLM_NEON_FN(neon::axpy))(a, x, y, n);
 }
 
 }  // namespace ptllm::ops

@@ -1,4 +1,5 @@
 // SIMD kernels against the scalar reference, per dtype.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -158,32 +159,73 @@ TEST(Matmul, MultiAndSwigluEqualSeparateCalls) {
 // exp is within a few ulp, so 1e-6 relative (+1e-30 absolute near 0).
 TEST(Elementwise, SimdSiluSoftmaxAxpyMatchScalar) {
   SimdGuard g;
-  for (int n : {1, 15, 16, 17, 100, 768, 4099}) {
-    auto a = randn(size_t(n), 31), b = randn(size_t(n), 32);
-    for (int i = 0; i < n; i += 7) a[size_t(i)] *= 30.f;  // large |x|: exp saturates
-    // silu_mul
-    auto s_ref = a, s_got = a;
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
+    SCOPED_TRACE(ops::simd_level_name(lv));
+    for (int n : {1, 7, 8, 9, 15, 16, 17, 100, 768, 4099}) {
+      auto a = randn(size_t(n), 31), b = randn(size_t(n), 32);
+      for (int i = 0; i < n; i += 7) a[size_t(i)] *= 30.f;  // large |x|: exp saturates
+      // silu_mul
+      auto s_ref = a, s_got = a;
+      ops::set_simd_level(ops::SimdLevel::Scalar);
+      ops::silu_mul(s_ref.data(), b.data(), n);
+      ops::set_simd_level(lv);
+      ops::silu_mul(s_got.data(), b.data(), n);
+      for (int i = 0; i < n; ++i)
+        ASSERT_NEAR(s_got[size_t(i)], s_ref[size_t(i)], 1e-6 * std::fabs(s_ref[size_t(i)]) + 1e-30) << i;
+      // softmax, with some masked (-inf) entries
+      auto m_ref = a;
+      for (int i = 3; i < n; i += 5) m_ref[size_t(i)] = -INFINITY;
+      auto m_got = m_ref;
+      ops::set_simd_level(ops::SimdLevel::Scalar);
+      ops::softmax(m_ref.data(), n);
+      ops::set_simd_level(lv);
+      ops::softmax(m_got.data(), n);
+      for (int i = 0; i < n; ++i) ASSERT_NEAR(m_got[size_t(i)], m_ref[size_t(i)], 1e-6 * m_ref[size_t(i)] + 1e-30) << i;
+      // axpy
+      auto y_ref = b, y_got = b;
+      ops::set_simd_level(ops::SimdLevel::Scalar);
+      ops::axpy(0.37f, a.data(), y_ref.data(), n);
+      ops::set_simd_level(lv);
+      ops::axpy(0.37f, a.data(), y_got.data(), n);
+      for (int i = 0; i < n; ++i)
+        ASSERT_NEAR(y_got[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << i;
+    }
+  }
+}
+
+// An element's SiLU does not depend on its offset in the buffer (a batch's
+// rows are one buffer): the bits of a row alone equal those inside a batch.
+TEST(Elementwise, SiluIsPositionInvariant) {
+  SimdGuard g;
+  const int F = 172;  // not a multiple of 8 or 16: rows straddle vector tails
+  auto a = randn(size_t(3 * F), 61), b = randn(size_t(3 * F), 62);
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
+    ops::set_simd_level(lv);
+    auto all = a;
+    ops::silu_mul(all.data(), b.data(), 3 * F);
+    for (int r = 0; r < 3; ++r) {
+      std::vector<float> row(a.begin() + r * F, a.begin() + (r + 1) * F);
+      ops::silu_mul(row.data(), b.data() + r * F, F);
+      for (int i = 0; i < F; ++i)
+        ASSERT_EQ(row[size_t(i)], all[size_t(r * F + i)]) << ops::simd_level_name(lv) << " row " << r << " i " << i;
+    }
+  }
+}
+
+// e^x in the subnormal and saturated ranges (softmax of widely spread scores):
+// every level's softmax gives the reference's zeros and tiny values.
+TEST(Elementwise, SoftmaxFarTailsMatchScalar) {
+  SimdGuard g;
+  std::vector<float> x;
+  for (int i = 0; i < 40; ++i) x.push_back(-float(i) * 3.f);  // e^-117 ... subnormal and below
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
+    auto ref = x, got = x;
     ops::set_simd_level(ops::SimdLevel::Scalar);
-    ops::silu_mul(s_ref.data(), b.data(), n);
-    ops::set_simd_level(ops::best_simd_level());
-    ops::silu_mul(s_got.data(), b.data(), n);
-    for (int i = 0; i < n; ++i) ASSERT_NEAR(s_got[size_t(i)], s_ref[size_t(i)], 1e-6 * std::fabs(s_ref[size_t(i)]) + 1e-30) << i;
-    // softmax, with some masked (-inf) entries
-    auto m_ref = a;
-    for (int i = 3; i < n; i += 5) m_ref[size_t(i)] = -INFINITY;
-    auto m_got = m_ref;
-    ops::set_simd_level(ops::SimdLevel::Scalar);
-    ops::softmax(m_ref.data(), n);
-    ops::set_simd_level(ops::best_simd_level());
-    ops::softmax(m_got.data(), n);
-    for (int i = 0; i < n; ++i) ASSERT_NEAR(m_got[size_t(i)], m_ref[size_t(i)], 1e-6 * m_ref[size_t(i)] + 1e-30) << i;
-    // axpy
-    auto y_ref = b, y_got = b;
-    ops::set_simd_level(ops::SimdLevel::Scalar);
-    ops::axpy(0.37f, a.data(), y_ref.data(), n);
-    ops::set_simd_level(ops::best_simd_level());
-    ops::axpy(0.37f, a.data(), y_got.data(), n);
-    for (int i = 0; i < n; ++i) ASSERT_NEAR(y_got[size_t(i)], y_ref[size_t(i)], 1e-6 * (std::fabs(y_ref[size_t(i)]) + 1)) << i;
+    ops::softmax(ref.data(), int64_t(ref.size()));
+    ops::set_simd_level(lv);
+    ops::softmax(got.data(), int64_t(got.size()));
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(got[i], ref[i], 1e-6 * ref[i] + 1e-44) << ops::simd_level_name(lv) << " i=" << i;
   }
 }
 
@@ -192,28 +234,37 @@ TEST(Elementwise, SimdSiluSoftmaxAxpyMatchScalar) {
 // Tolerance: 1e-5 of the sum of |terms| (different summation order).
 TEST(Attention, DotRowsAndWeightedSumMatchScalar) {
   SimdGuard g;
-  for (int hd : {8, 16, 32, 64, 48, 128}) {
-    for (int len : {1, 15, 16, 17, 40, 300}) {
-      auto q = randn(size_t(hd), 41), k = randn(size_t(len * hd), 42), v = randn(size_t(len * hd), 43);
-      auto p = randn(size_t(len), 44);
-      for (int t = 2; t < len; t += 3) p[size_t(t)] = 0.f;  // masked keys
-      std::vector<float> s_ref(static_cast<size_t>(len)), s_got(static_cast<size_t>(len));
-      auto o_ref = randn(size_t(hd), 45), o_got = o_ref;
-      ops::set_simd_level(ops::SimdLevel::Scalar);
-      ops::dot_rows(q.data(), k.data(), len, hd, 0.25f, s_ref.data());
-      ops::weighted_sum_rows(p.data(), v.data(), len, hd, o_ref.data());
-      ops::set_simd_level(ops::best_simd_level());
-      ops::dot_rows(q.data(), k.data(), len, hd, 0.25f, s_got.data());
-      ops::weighted_sum_rows(p.data(), v.data(), len, hd, o_got.data());
-      for (int t = 0; t < len; ++t) {
-        double mag = 0;
-        for (int c = 0; c < hd; ++c) mag += std::fabs(double(q[size_t(c)]) * k[size_t(t * hd + c)]) * 0.25;
-        ASSERT_NEAR(s_got[size_t(t)], s_ref[size_t(t)], 1e-5 * mag) << "hd=" << hd << " len=" << len << " t=" << t;
-      }
-      for (int c = 0; c < hd; ++c) {
-        double mag = 1;
-        for (int t = 0; t < len; ++t) mag += std::fabs(double(p[size_t(t)]) * v[size_t(t * hd + c)]);
-        ASSERT_NEAR(o_got[size_t(c)], o_ref[size_t(c)], 1e-5 * mag) << "hd=" << hd << " len=" << len << " c=" << c;
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
+    for (int hd : {8, 16, 32, 64, 48, 128}) {
+      for (int len : {1, 3, 4, 5, 15, 16, 17, 40, 300}) {
+        SCOPED_TRACE(fmt::format("{} hd={} len={}", ops::simd_level_name(lv), hd, len));
+        auto q = randn(size_t(hd), 41), k = randn(size_t(len * hd), 42), v = randn(size_t(len * hd), 43);
+        auto p = randn(size_t(len), 44);
+        for (int t = 2; t < len; t += 3) p[size_t(t)] = 0.f;  // masked keys
+        std::vector<float> s_ref(static_cast<size_t>(len)), s_got(static_cast<size_t>(len));
+        auto o_ref = randn(size_t(hd), 45), o_got = o_ref;
+        ops::set_simd_level(ops::SimdLevel::Scalar);
+        ops::dot_rows(q.data(), k.data(), len, hd, 0.25f, s_ref.data());
+        ops::weighted_sum_rows(p.data(), v.data(), len, hd, o_ref.data());
+        ops::set_simd_level(lv);
+        ops::dot_rows(q.data(), k.data(), len, hd, 0.25f, s_got.data());
+        ops::weighted_sum_rows(p.data(), v.data(), len, hd, o_got.data());
+        for (int t = 0; t < len; ++t) {
+          double mag = 0;
+          for (int c = 0; c < hd; ++c) mag += std::fabs(double(q[size_t(c)]) * k[size_t(t * hd + c)]) * 0.25;
+          ASSERT_NEAR(s_got[size_t(t)], s_ref[size_t(t)], 1e-5 * mag) << "t=" << t;
+        }
+        for (int c = 0; c < hd; ++c) {
+          double mag = 1;
+          for (int t = 0; t < len; ++t) mag += std::fabs(double(p[size_t(t)]) * v[size_t(t * hd + c)]);
+          ASSERT_NEAR(o_got[size_t(c)], o_ref[size_t(c)], 1e-5 * mag) << "c=" << c;
+        }
+        // Run invariance: a key scored inside a longer run gets the same bits as alone.
+        if (len > 1) {
+          float alone = 0;
+          ops::dot_rows(q.data(), k.data() + (len - 1) * hd, 1, hd, 0.25f, &alone);
+          EXPECT_EQ(alone, s_got[size_t(len - 1)]);
+        }
       }
     }
   }
