@@ -30,6 +30,7 @@ class Sampler {
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<double> weights_;  // exp((logit - max) / T) of cand_
 };
 
 }  // namespace ptllm

@@ -38,6 +38,44 @@ TEST(Sampler, FrequenciesFollowSoftmax) {
   EXPECT_NEAR(n[2] / double(N), 0.2, 0.02);
 }
 
+// top-p over a flat distribution needs more than the first sorted slice (64):
+// 1,000 equal logits at top_p 0.5 keep exactly the 500 lowest ids (ties go
+// to the lower id), each drawn about equally often.
+TEST(Sampler, TopPOverAFlatDistributionKeepsHalf) {
+  Sampler s({1.0, 0, 0.5, 5});
+  std::vector<float> l(1000, 0.25f);
+  std::map<int, int> n;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) {
+    const int id = s.sample(l);
+    ASSERT_LT(id, 500);
+    ++n[id];
+  }
+  EXPECT_GT(n.size(), 480u);  // nearly every one of the 500 is drawn
+  int lo = 0;
+  for (const auto& [id, c] : n) lo += id < 250 ? c : 0;
+  EXPECT_NEAR(lo / double(N), 0.5, 0.03);
+}
+
+// Without top-k / top-p (nothing sorted) and with top-k, frequencies follow the
+// softmax at the temperature, including over a larger vocabulary.
+TEST(Sampler, FrequenciesFollowSoftmaxAtTemperatureWithTopK) {
+  std::vector<float> l(300, -30.f);
+  l[7] = 1.f, l[100] = 0.f, l[299] = 0.5f;
+  const double T = 0.8;
+  const double w[3] = {std::exp(1 / T), std::exp(0 / T), std::exp(0.5 / T)};
+  const double z = w[0] + w[1] + w[2];
+  for (int64_t k : {0, 3}) {
+    Sampler s({T, k, 1.0, 17});
+    std::map<int, int> n;
+    const int N = 20000;
+    for (int i = 0; i < N; ++i) ++n[s.sample(l)];
+    EXPECT_NEAR(n[7] / double(N), w[0] / z, 0.02) << k;
+    EXPECT_NEAR(n[100] / double(N), w[1] / z, 0.02) << k;
+    EXPECT_NEAR(n[299] / double(N), w[2] / z, 0.02) << k;
+  }
+}
+
 TEST(Sampler, SameSeedSameSequence) {
   std::vector<float> l(100);
   for (int i = 0; i < 100; ++i) l[size_t(i)] = float(i % 7) * 0.3f;
