@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/dtype.h"
 #include "ops/neon_kernels.h"
@@ -102,9 +103,15 @@ void silu_mul(float* gate, const float* up, int64_t n) {
     const float32x4_t s = vdivq_f32(g, vaddq_f32(one, exp4(vnegq_f32(g))));
     vst1q_f32(gate + i, vmulq_f32(s, vld1q_f32(up + i)));
   }
-  for (; i < n; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.f + std::exp(-g)) * up[i];
+  // The tail through the same vector code on a padded copy: an element's bits
+  // must not depend on its offset (a batch's rows are one buffer).
+  if (i < n) {
+    float g4[4] = {}, u4[4] = {};
+    std::memcpy(g4, gate + i, size_t(n - i) * sizeof(float));
+    std::memcpy(u4, up + i, size_t(n - i) * sizeof(float));
+    const float32x4_t g = vld1q_f32(g4);
+    vst1q_f32(g4, vmulq_f32(vdivq_f32(g, vaddq_f32(one, exp4(vnegq_f32(g)))), vld1q_f32(u4)));
+    std::memcpy(gate + i, g4, size_t(n - i) * sizeof(float));
   }
 }
 
@@ -153,7 +160,7 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   const float32x4_t av = vdupq_n_f32(a);
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), av, vld1q_f32(x + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);  // the lanes' fused multiply-add
 }
 
 // Squares are exact in double (a float times a float), so only the order of
