@@ -67,6 +67,16 @@ bool get_bool(const json& j, const char* key, bool dflt) {
   return it->get<bool>();
 }
 
+// A small non-negative count (e.g. Strip's start/stop). json::value<size_t>()
+// converts a float like 1e80 out of range (undefined behaviour): refuse it.
+size_t get_count(const json& j, const char* key, const Ctx& c, const char* component) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return 0;
+  if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (int64_t(1) << 20))
+    fail("{}: {} \"{}\" must be an integer in [0, 1048576]", c.where, component, key);
+  return size_t(it->get<int64_t>());
+}
+
 std::string get_str(const json& j, const char* key, const std::string& dflt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
@@ -198,8 +208,8 @@ Decoder parse_decoder(const json& j, const Ctx& c) {
     if (content.empty() || i != content.size() || cp == 0xFFFFFFFFu)
       fail("{}: Strip decoder content must be a single character", c.where);
     d.strip_content = char32_t(cp);
-    d.start = j.value("start", size_t{0});
-    d.stop = j.value("stop", size_t{0});
+    d.start = get_count(j, "start", c, "Strip decoder");
+    d.stop = get_count(j, "stop", c, "Strip decoder");
   } else if (t == "ByteLevel") {
     d.kind = Decoder::Kind::ByteLevel;
   } else if (t == "Metaspace") {

@@ -143,6 +143,22 @@ TEST(Regression, TokenizerFloatIdsAreErrors) {
                "added token 'x' has negative id");
 }
 
+// Finding (fuzz_tokenizer_json in the session-5 CI check, UBSan): a Strip
+// decoder's "start" of 1.9e80 went through json::value<size_t>() (float ->
+// integer out of range). Counts must be integers in [0, 2^20].
+TEST(Regression, TokenizerStripDecoderCountsAreCheckedIntegers) {
+  const auto with = [](const std::string& start) {
+    return R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"decoder":{"type":"Strip","content":"a","start":)" +
+           start + R"(,"stop":0}})";
+  };
+  expect_error([&] { Tokenizer::from_json(with("1.88889e80")); }, "Strip decoder \"start\" must be an integer in [0, 1048576]");
+  expect_error([&] { Tokenizer::from_json(with("-1")); }, "Strip decoder \"start\" must be an integer");
+  expect_error([&] { Tokenizer::from_json(with("\"2\"")); }, "Strip decoder \"start\" must be an integer");
+  // Valid counts still load and act: start 1 strips one leading "a", start 0 none.
+  EXPECT_EQ(Tokenizer::from_json(with("1")).decode(std::vector<int32_t>{0}), "");
+  EXPECT_EQ(Tokenizer::from_json(with("0")).decode(std::vector<int32_t>{0}), "a");
+}
+
 // ------------------------------------------------------------------- config
 // Finding (crafted input, ASan stack-overflow in fuzz_hf_config): the error
 // for an unsupported hidden_act echoed the value with json::dump(), which
