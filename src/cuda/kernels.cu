@@ -139,8 +139,8 @@ __global__ void append_kernel(PlainLayer c, const float* k, const float* v, int 
 // the chunk, then the weighted V sum (threads over channels). Partials
 // (max, sum, o[hd]) go to `part`; combine_kernel merges the splits.
 template <class T>
-__global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
-  const int s = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+__device__ __forceinline__ void attend_body(const Attend& a, int i) {
+  const int s = blockIdx.x, h = blockIdx.y;
   const PlainLayer& c = a.c;
   const int hd = c.hd, half = hd / 2, kvh = h / (a.nh / c.kvh);
   const int S = gridDim.x;
@@ -188,6 +188,32 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
     part[2 + j] = o;
   }
   if (threadIdx.x == 0) { part[0] = red[0]; part[1] = red[1]; }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
+  attend_body<T>(a, blockIdx.z);
+}
+
+// Batched decode: block (split, head, sequence); the sequence's parameters are staged in shared memory.
+template <class T>
+__global__ void __launch_bounds__(kThreads) attend_batch_kernel(const Attend* as) {
+  const Attend& a = stage_params(as + blockIdx.z);
+  attend_body<T>(a, 0);
+}
+
+template <class T>
+__global__ void append_batch_kernel(const AppendPlainB* ps) {
+  const AppendPlainB& p = ps[blockIdx.x];
+  const PlainLayer& c = p.c;
+  const int h = blockIdx.y;
+  const int64_t row = (int64_t(h) * c.cap + phys_row(c, p.first)) * c.hd;
+  T* kd = static_cast<T*>(c.k) + row;
+  T* vd = static_cast<T*>(c.v) + row;
+  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) {
+    kd[i] = narrow<T>(p.k[h * c.hd + i]);
+    vd[i] = narrow<T>(p.v[h * c.hd + i]);
+  }
 }
 
 __global__ void combine_kernel(const float* part, int S, int hd, float* out) {
@@ -293,5 +319,22 @@ void attend_plain(const Attend& a, cudaStream_t s) {
   if (a.c.e == Elem::BF16) attend_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(a);
   combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
 }
+
+void append_plain_batch(const AppendPlainB* d, int B, int kvh, Elem e, cudaStream_t s) {
+  const dim3 grid(B, kvh);
+  if (e == Elem::F32) append_batch_kernel<float><<<grid, 128, 0, s>>>(d);
+  if (e == Elem::F16) append_batch_kernel<__half><<<grid, 128, 0, s>>>(d);
+  if (e == Elem::BF16) append_batch_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(d);
+}
+
+void attend_plain_batch(const Attend* d, int B, int nh, int hd, int S, Elem e, cudaStream_t s) {
+  const dim3 grid(S, nh, B);
+  if (e == Elem::F32) attend_batch_kernel<float><<<grid, kThreads, 0, s>>>(d);
+  if (e == Elem::F16) attend_batch_kernel<__half><<<grid, kThreads, 0, s>>>(d);
+  if (e == Elem::BF16) attend_batch_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(d);
+  combine_batch_kernel<Attend><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+}
+
+int kivi_decode_chunk() { return kivi_chunk(1); }
 
 }  // namespace ptllm::cuda::k

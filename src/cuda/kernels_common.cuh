@@ -86,6 +86,39 @@ __device__ __forceinline__ void warp_softmax_exp(float* p, int len, int lane, fl
   l = warp_sum(l);
 }
 
+// A batched launch's per-sequence parameter struct, copied to shared memory by the
+// block (the structs have default member initializers: no __shared__ object of them).
+template <class A>
+__device__ __forceinline__ const A& stage_params(const A* src) {
+  static_assert(sizeof(A) % 4 == 0, "parameter struct of whole words");
+  __shared__ alignas(16) unsigned int raw[sizeof(A) / 4];
+  for (int w = threadIdx.x; w < int(sizeof(A) / 4); w += blockDim.x) raw[w] = reinterpret_cast<const unsigned int*>(src)[w];
+  __syncthreads();
+  return *reinterpret_cast<const A*>(raw);
+}
+
+// combine_kernel of a batched launch: block (head, sequence) merges the S split
+// partials at as[b].part into as[b].out (A: Attend or AttendKivi).
+template <class A>
+__global__ void combine_batch_kernel(const A* as, int S, int hd) {
+  const A& a = as[blockIdx.y];
+  const float* pp = a.part + int64_t(blockIdx.x) * S * (hd + 2);
+  float* out = a.out + int64_t(blockIdx.x) * hd;
+  float M = -INFINITY;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, pp[s * (hd + 2)]);
+  float L = 0;
+  for (int s = 0; s < S; ++s)
+    if (pp[s * (hd + 2) + 1] > 0) L += pp[s * (hd + 2) + 1] * expf(pp[s * (hd + 2)] - M);
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    float o = 0;
+    for (int s = 0; s < S; ++s) {
+      const float* ps = pp + s * (hd + 2);
+      if (ps[1] > 0) o += ps[2 + j] * expf(ps[0] - M);
+    }
+    out[j] = L > 0 ? o / L : 0.f;
+  }
+}
+
 }  // namespace
 
 // Blocks for an elementwise kernel over n values (256 threads each, at most 4,096).
