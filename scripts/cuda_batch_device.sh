@@ -10,7 +10,7 @@
 # cuda_batch_anchor.py. PART=tests|micro|bench|all (default all). Results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PART=${PART:-all}; LAYERS=${LAYERS:-32}; GEN=${GEN:-32}
+PART=${PART:-all}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
 ln -sfn "$PWD/shared-lite" /tmp/ptllm-shared-lite
 B=prebuilt
