@@ -381,7 +381,7 @@ void LayerProbe::step(const float* k, const float* v, const float* q, int64_t n,
   c.end_step(n);
 }
 
-double LayerProbe::time_attention(const float* k, const float* v, const float* q, int reps) {
+double LayerProbe::time_attention(const float* k, const float* v, const float* q, int reps, size_t flush_bytes) {
   Impl& m = *impl_;
   CudaCache& c = m.cache;
   const KVCacheShape& sh = c.shape();
@@ -417,12 +417,27 @@ double LayerProbe::time_attention(const float* k, const float* v, const float* q
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "event");
   check(cudaEventCreate(&e1), "event");
-  check(cudaEventRecord(e0, m.s), "event");
-  for (int r = 0; r < reps; ++r) launch();
-  check(cudaEventRecord(e1, m.s), "event");
-  check(cudaEventSynchronize(e1), "event");
   float ms = 0;
-  check(cudaEventElapsedTime(&ms, e0, e1), "event");
+  if (flush_bytes > 0) {
+    DevBuf junk;
+    junk.reserve(flush_bytes);
+    for (int r = 0; r < reps; ++r) {
+      check(cudaMemsetAsync(junk.p, r & 0xff, flush_bytes, m.s), "memset");
+      check(cudaEventRecord(e0, m.s), "event");
+      launch();
+      check(cudaEventRecord(e1, m.s), "event");
+      check(cudaEventSynchronize(e1), "event");
+      float one = 0;
+      check(cudaEventElapsedTime(&one, e0, e1), "event");
+      ms += one;
+    }
+  } else {
+    check(cudaEventRecord(e0, m.s), "event");
+    for (int r = 0; r < reps; ++r) launch();
+    check(cudaEventRecord(e1, m.s), "event");
+    check(cudaEventSynchronize(e1), "event");
+    check(cudaEventElapsedTime(&ms, e0, e1), "event");
+  }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   check(cudaGetLastError(), "kernel");

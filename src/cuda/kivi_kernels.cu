@@ -170,7 +170,7 @@ __global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
 
 // attend_kernel over a KIVI layer, for hpb query heads of one KV head per block
 // (GQA: the group's heads share each code row, parameter and slot-table row read;
-// block (split s, head block y, query i) covers heads y*hpb .. y*hpb+hpb-1).
+// block (head block x, split s, query i) covers heads x*hpb .. x*hpb+hpb-1).
 // Slot t of the sequence: a sink row, quantised token t - n_sink (codes, K parameters
 // of its group / V parameters of its row) or a residual row. A key pair (i, i + hd/2)
 // is widened (u * scale + zero for codes) in registers, turned by the slot table row
@@ -180,10 +180,12 @@ constexpr int kMaxHpb = 8;
 template <class T, int BITS>
 __device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int hpb, int chunk) {
   extern __shared__ float sm[];
-  const int s = blockIdx.x, h0 = blockIdx.y * hpb;
+  // Grid (head block, split, query or sequence): the head blocks of one split run
+  // side by side, so the split's slot-table rows are read from DRAM about once.
+  const int s = blockIdx.y, h0 = blockIdx.x * hpb;
   const KiviLayer& c = a.c;
   const int hd = c.hd, half = hd / 2, kvh = h0 / (a.nh / c.kvh);
-  const int S = gridDim.x;
+  const int S = gridDim.y;
   float* qa = sm;                 // [hpb, hd] queries turned for slots < run_split
   float* qb = qa + hpb * hd;      // [hpb, hd] and for the others
   float* p = qb + hpb * hd;       // [hpb, chunk] scores, then exp
@@ -404,7 +406,7 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
   const int chunk = kivi_chunk(1);
   const int hpb = heads_per_block(nh / kvh, S);
   const size_t shmem = size_t(hpb) * size_t(2 * hd + chunk + 2) * sizeof(float);
-  const dim3 grid(S, nh / hpb, B);
+  const dim3 grid(nh / hpb, S, B);
   KiviLayer c;  // the dispatch keys
   c.re = re;
   c.bits = bits;
@@ -418,7 +420,7 @@ void attend_kivi(const AttendKivi& a, cudaStream_t s) {
   const int grp = a.nh / a.c.kvh;
   const int hpb = heads_per_block(grp, S);
   const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + chunk + 2) * sizeof(float);
-  const dim3 grid(S, a.nh / hpb, a.n);
+  const dim3 grid(a.nh / hpb, S, a.n);
   kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, hpb, chunk, shmem, s);
   combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
 }
