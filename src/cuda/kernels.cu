@@ -135,7 +135,7 @@ __global__ void append_kernel(PlainLayer c, const float* k, const float* v, int 
 }
 
 // Flash-decoding split: block (split s, head h, query i) covers kChunk slots;
-// 4 warps score one slot each at a time (lanes over channels), softmax within
+// 4 warps score 4 slots each at a time (lanes over channels), softmax within
 // the chunk, then the weighted V sum (threads over channels). Partials
 // (max, sum, o[hd]) go to `part`; combine_kernel merges the splits.
 template <class T>
