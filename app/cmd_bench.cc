@@ -73,7 +73,24 @@ void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, co
   if (b.prompt_tokens > 0)
     j["prefill"] = {{"tokens", b.prompt_tokens}, {"tps_mean", pp.mean}, {"tps_sd", pp.sd}, {"tps", r.prefill_tps},
                     {"tokens_per_cpu_second_mean", mean_sd(r.prefill_cpu_tps).mean}};
-  if (b.gen_tokens > 0)
+  if (b.gen_tokens > 0 && b.batch > 1) {
+    // One step of B tokens reads the weights once and every sequence's cache.
+    const double steps = tg.mean / double(b.batch);
+    j["decode"] = {{"tokens", b.gen_tokens},
+                   {"batch", b.batch},
+                   {"depth", b.depth},
+                   {"fill", r.batch_fill},
+                   {"tps_mean", tg.mean},
+                   {"tps_sd", tg.sd},
+                   {"tps", r.decode_tps},
+                   {"ms_per_step", 1000.0 / steps},
+                   {"cache_bytes_at_end", r.cache_bytes},
+                   {"batch_cache_bytes_at_end", r.batch_cache_bytes},
+                   {"device_bytes_per_sequence", r.device_bytes},
+                   {"cache_desc", r.cache_description},
+                   {"weight_bytes_per_step", r.step_weight_bytes},
+                   {"achieved_read_gb_per_s", double(r.step_weight_bytes + r.batch_cache_bytes) * steps / 1e9}};
+  } else if (b.gen_tokens > 0)
     // The last decode step read every weight it needs and the whole cache.
     j["decode"] = {{"tokens", b.gen_tokens},
                    {"depth", b.depth},
@@ -85,6 +102,7 @@ void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, co
                    {"cache_desc", r.cache_description},
                    {"weight_bytes_per_token", r.step_weight_bytes},
                    {"cache_bytes_per_token", r.cache_bytes},
+                   {"device_bytes_per_sequence", r.device_bytes},
                    {"achieved_read_gb_per_s", double(r.step_weight_bytes + r.cache_bytes) * tg.mean / 1e9}};
   fmt::print("{}\n", j.dump(2));
 }
@@ -99,7 +117,15 @@ void print_table(const BenchResult& r, const BenchOpts& o, const Model& model, c
   if (b.prompt_tokens > 0)
     fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} | {:>12.1f} |\n", fmt::format("pp{}", b.prompt_tokens), pp.mean, pp.sd,
                mean_sd(r.prefill_cpu_tps).mean);
-  if (b.gen_tokens > 0) {
+  if (b.gen_tokens > 0 && b.batch > 1) {
+    const double steps = tg.mean / double(b.batch);
+    fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} | {:>12.1f} |\n", fmt::format("tg{} x{} @ d{}", b.gen_tokens, b.batch, b.depth),
+               tg.mean, tg.sd, mean_sd(r.decode_cpu_tps).mean);
+    fmt::print("batch of {} ({}): {:.3f} ms per step; a step reads {:.1f} MB of weights + {:.1f} MB of caches "
+               "→ {:.1f} GB/s achieved\n",
+               b.batch, r.batch_fill, 1000.0 / steps, double(r.step_weight_bytes) / 1e6,
+               double(r.batch_cache_bytes) / 1e6, double(r.step_weight_bytes + r.batch_cache_bytes) * steps / 1e9);
+  } else if (b.gen_tokens > 0) {
     const std::string name =
         b.depth > 0 ? fmt::format("tg{} @ d{}", b.gen_tokens, b.depth) : fmt::format("tg{}", b.gen_tokens);
     fmt::print("| {:<14} | {:>7.1f} ± {:>5.1f} | {:>12.1f} |\n", name, tg.mean, tg.sd, mean_sd(r.decode_cpu_tps).mean);
@@ -119,6 +145,7 @@ void run(BenchOpts& o) {
   const std::string path = o.model.empty() ? default_model_path() : o.model;
   LoadedModel lm = load_model(path);
   const DeviceGuard device = apply_device(*lm.model, o.device);
+  if (!o.interleave.empty() && o.bench.batch > 1) fail("--batch {}: not with --interleave-depths", o.bench.batch);
   if (!o.interleave.empty())
     return print_interleaved(run_interleaved(*lm.model, o.cache, o.interleave, o.bench.gen_tokens, o.bench.repeat),
                              o, path);
@@ -139,6 +166,9 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--repeat,-r", o->bench.repeat, "Timed repetitions (default 5)");
   cmd->add_option("--depth,-d", o->bench.depth,
                   "Tokens already in the cache before the decode test (filled untimed; default 0)");
+  cmd->add_option("--batch,-b", o->bench.batch,
+                  "Sequences decoded together (step_batch), each with its own cache at --depth: the first filled "
+                  "by prefill, the others copied from it on a device, else prefilled (default 1)");
   cmd->add_option("--interleave-depths", o->interleave,
                   "Comma list of depths: one cache per depth, filled untimed, then --repeat rounds of --gen-tokens "
                   "timed decode steps on each cache in turn (prefill is not timed)")

@@ -6,12 +6,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/device_buffer.h"
+#include "cuda/gemm.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/kernels.h"
 #include "kv/cache_spec.h"
@@ -41,7 +43,16 @@ class Engine {
 
  private:
   std::shared_ptr<DevBuf> upload(const TensorView& t, bool matrix);
+  // y[M, N] (+)= x W^T + bias: the GEMV kernel, or a cuBLAS GEMM (no bias) when gemm_ is set for
+  // this step (run: gemm_rows_ rows or more, and fp32 weights or a decode batch).
+  void linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
+              cudaStream_t s);
+  bool use_gemm_ = false;
   const Model& m_;
+  Gemm* gemm_ = nullptr;
+  int64_t gemm_rows_ = 16, batch_launch_ = 2;
+  BatchAttend batch_;
+  DevBuf xb_;  // x rounded to the weight type for the GEMM
   WeightType asked_;
   k::Elem we_ = k::Elem::F32;
   cudaStream_t stream_ = nullptr;
@@ -77,6 +88,20 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) fail("--device cuda: no CUDA GPU found");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+  // PTLLM_CUDA_GEMM_ROWS=R: projections of R rows or more through cuBLAS (0: never; default 16).
+  // PTLLM_CUDA_BATCH_LAUNCH=B: a decode batch of B sequences or more launches each attention
+  // kernel once per layer for all of them (0: per sequence; default 2).
+  const auto env_int = [](const char* name, int64_t dflt) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return dflt;
+    char* end = nullptr;
+    const long long x = std::strtoll(v, &end, 10);
+    if (*end || x < 0) fail("{}={}: expected an integer >= 0", name, v);
+    return int64_t(x);
+  };
+  gemm_rows_ = env_int("PTLLM_CUDA_GEMM_ROWS", 16);
+  batch_launch_ = env_int("PTLLM_CUDA_BATCH_LAUNCH", 2);
+  if (gemm_rows_ > 0) gemm_ = Gemm::get();
   const TensorView& emb = m.tensors().get("model.embed_tokens.weight");
   if (wt == WeightType::Auto)
     wt = emb.dtype == DType::BF16 ? WeightType::BF16 : emb.dtype == DType::F16 ? WeightType::F16 : WeightType::F32;
@@ -127,6 +152,12 @@ std::shared_ptr<DevBuf> Engine::upload(const TensorView& t, bool matrix) {
   }
   weight_bytes_ += b->bytes;
   return b;
+}
+
+void Engine::linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
+                    cudaStream_t s) {
+  if (use_gemm_ && !bias) return gemm_->run(we_, W.p, x, xb_.p, y, M, N, K, acc, s);
+  k::gemv(we_, W.p, x, bias ? bias->f() : nullptr, y, M, N, K, acc, s);
 }
 
 void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int64_t n_caches, float* logits,
@@ -188,6 +219,16 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   float* const kraw = both ? lg + n * V : kk;  // KIVI: keys before RoPE [n, KD]
   part_.reserve(size_t(k::attend_scratch_floats(int(batch ? 1 : n), int(NH), int(hd), int(max_len))) * 4 *
                 size_t(batch ? n : 1));
+  // The GEMM rounds x to the weight type first (fp16/bf16 weights): done for decode batches,
+  // where it is the point; a prefill chunk keeps fp32 activations (the GEMV kernel) unless the
+  // weights are fp32 (an fp32 GEMM), so one sequence's logits stay within the CPU tolerances.
+  use_gemm_ = gemm_ && n >= gemm_rows_ && (batch || we_ == k::Elem::F32);
+  if (use_gemm_) xb_.reserve(size_t(n * std::max({H, QD, F})) * 2);
+  const int64_t part_stride = k::attend_scratch_floats(1, int(NH), int(hd), int(max_len));
+  const bool batched = batch && batch_launch_ > 0 && n_caches >= batch_launch_;
+  if (batched)
+    batch_.plan(caches, n_caches, first.data(), c.n_layers, int(NH), 1.0f / std::sqrt(float(hd)), kk, kraw, vv, q,
+                d_qcs, att, part_.f(), part_stride, stream_);
   const float eps = float(c.rms_eps);
   const float scale = 1.0f / std::sqrt(float(hd));
   cudaStream_t s = stream_;
@@ -195,29 +236,30 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const GpuLayer& w = layers_[size_t(l)];
     k::rmsnorm(x, w.attn_norm->f(), eps, int(n), int(H), xn, s);
-    k::gemv(we_, w.wq->p, xn, w.bq ? w.bq->f() : nullptr, q, int(n), int(QD), int(H), false, s);
-    k::gemv(we_, w.wk->p, xn, w.bk ? w.bk->f() : nullptr, kk, int(n), int(KD), int(H), false, s);
-    k::gemv(we_, w.wv->p, xn, w.bv ? w.bv->f() : nullptr, vv, int(n), int(KD), int(H), false, s);
+    linear(*w.wq, xn, w.bq.get(), q, int(n), int(QD), int(H), false, s);
+    linear(*w.wk, xn, w.bk.get(), kk, int(n), int(KD), int(H), false, s);
+    linear(*w.wv, xn, w.bv.get(), vv, int(n), int(KD), int(H), false, s);
     // KIVI stores keys before RoPE (turned by slot at read time); plain caches rotated at their position.
     if (both) check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
     if (any_plain) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
-    for (int64_t b = 0; b < n_caches; ++b) {
+    if (batched) batch_.run_layer(l, s);
+    for (int64_t b = 0; b < n_caches && !batched; ++b) {
       const int64_t r0 = batch ? b : 0, nb = batch ? 1 : n;
-      float* const part = part_.f() + (batch ? b * k::attend_scratch_floats(1, int(NH), int(hd), int(max_len)) : 0);
+      float* const part = part_.f() + (batch ? b * part_stride : 0);
       attend_layer(*caches[b], l, kk + r0 * KD, kraw + r0 * KD, vv + r0 * KD, q + r0 * QD, d_qcs + r0 * 2 * hd,
                    first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s);
     }
-    k::gemv(we_, w.wo->p, att, nullptr, x, int(n), int(H), int(QD), true, s);
+    linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s);
     k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
-    k::gemv(we_, w.gate->p, xn, nullptr, gate, int(n), int(F), int(H), false, s);
-    k::gemv(we_, w.up->p, xn, nullptr, up, int(n), int(F), int(H), false, s);
+    linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
+    linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
     k::silu_mul(gate, up, n * F, s);
-    k::gemv(we_, w.down->p, gate, nullptr, x, int(n), int(H), int(F), true, s);
+    linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s);
   }
   const int64_t rows = all_logits ? n : 1;
   const float* xl = all_logits ? x : x + (n - 1) * H;
   k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);
-  k::gemv(we_, lm_head_->p, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
+  linear(*lm_head_, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
   check(cudaMemcpyAsync(logits, lg, size_t(rows * V) * 4, cudaMemcpyDeviceToHost, s), "logits");
   check(cudaStreamSynchronize(s), "forward");
   check(cudaGetLastError(), "kernel");
@@ -337,6 +379,69 @@ void LayerProbe::step(const float* k, const float* v, const float* q, int64_t n,
   check(cudaStreamSynchronize(s), "probe step");
   check(cudaGetLastError(), "kernel");
   c.end_step(n);
+}
+
+double LayerProbe::time_attention(const float* k, const float* v, const float* q, int reps, size_t flush_bytes) {
+  Impl& m = *impl_;
+  CudaCache& c = m.cache;
+  const KVCacheShape& sh = c.shape();
+  std::vector<float> out(size_t(sh.n_heads * sh.head_dim));
+  step(k, v, q, 1, out.data());
+  // The step's query (m.q, its tables at m.cs + hd) at the newest slot.
+  const int len = int(c.len()), hd = int(sh.head_dim);
+  const auto fill = [&](auto& a) {
+    a.q = m.q.f();
+    a.qcs = m.cs.f() + hd;
+    a.n = 1;
+    a.nh = int(sh.n_heads);
+    a.len = len;
+    a.first = len - 1;
+    a.run_split = int(std::min<int64_t>(c.run_split(), len));
+    a.scale = 1.0f / std::sqrt(float(hd));
+    a.out = m.out.f();
+    a.part = m.part.f();
+  };
+  m.part.reserve(size_t(k::attend_scratch_floats(1, int(sh.n_heads), hd, len)) * 4);
+  k::AttendKivi ak;
+  k::Attend ap;
+  if (c.kivi()) {
+    ak.c = c.kivi_layer(0);
+    ak.kcs = c.slot_table();
+    fill(ak);
+  } else {
+    ap.c = c.layer(0);
+    fill(ap);
+  }
+  const auto launch = [&] { c.kivi() ? k::attend_kivi(ak, m.s) : k::attend_plain(ap, m.s); };
+  launch();  // warm-up
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  float ms = 0;
+  if (flush_bytes > 0) {
+    DevBuf junk;
+    junk.reserve(flush_bytes);
+    for (int r = 0; r < reps; ++r) {
+      check(cudaMemsetAsync(junk.p, r & 0xff, flush_bytes, m.s), "memset");
+      check(cudaEventRecord(e0, m.s), "event");
+      launch();
+      check(cudaEventRecord(e1, m.s), "event");
+      check(cudaEventSynchronize(e1), "event");
+      float one = 0;
+      check(cudaEventElapsedTime(&one, e0, e1), "event");
+      ms += one;
+    }
+  } else {
+    check(cudaEventRecord(e0, m.s), "event");
+    for (int r = 0; r < reps; ++r) launch();
+    check(cudaEventRecord(e1, m.s), "event");
+    check(cudaEventSynchronize(e1), "event");
+    check(cudaEventElapsedTime(&ms, e0, e1), "event");
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  check(cudaGetLastError(), "kernel");
+  return double(ms) / 1e3 / std::max(reps, 1);
 }
 
 size_t LayerProbe::payload_bytes() const { return impl_->cache.payload_bytes(); }

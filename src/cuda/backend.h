@@ -18,7 +18,9 @@ class Model;
 namespace ptllm::cuda {
 
 // How the weights are held on the GPU. Auto: as stored (bf16 / f16 files stay
-// bf16 / f16, everything else fp32). Arithmetic is fp32 in every case.
+// bf16 / f16, everything else fp32). Arithmetic is fp32 in every case, except that
+// a decode batch of 16+ sequences with bf16/f16 weights rounds the activations to
+// the weight type for its cuBLAS GEMM (fp32 accumulation; gemm.h, docs/CUDA.md).
 enum class WeightType { Auto, F32, BF16, F16 };
 // Parses "auto", "f32", "bf16", "f16"; throws Error naming `flag` otherwise.
 WeightType parse_weight_type(const std::string& text, const std::string& flag);

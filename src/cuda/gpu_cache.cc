@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -104,6 +105,33 @@ void CudaCache::clear() {
   ops_.clear();
 }
 
+size_t CudaCache::device_bytes() const {
+  size_t n = 0;
+  for (const DevBuf* b : {&k_, &v_, &kcodes_, &vcodes_, &kpar_, &vpar_, &ksink_, &vsink_, &kres_, &vres_, &kcs_})
+    n += b->bytes;
+  return n;
+}
+
+void CudaCache::copy_from(const KVCache& other) {
+  const auto* o = dynamic_cast<const CudaCache*>(&other);
+  if (!o || o->eng_ != eng_) fail("GPU cache copy: the source is not a GPU cache of this model");
+  const KVCacheShape &a = shape_, &b = o->shape_;
+  if (a.n_layers != b.n_layers || a.n_kv_heads != b.n_kv_heads || a.head_dim != b.head_dim ||
+      a.capacity != b.capacity || spec_.describe() != o->spec_.describe())
+    fail("GPU cache copy: the source has another shape or settings ({} vs {})", o->describe(), describe());
+  for (auto [d, s] : {std::pair{&k_, &o->k_}, {&v_, &o->v_}, {&kcodes_, &o->kcodes_}, {&vcodes_, &o->vcodes_},
+                      {&kpar_, &o->kpar_}, {&vpar_, &o->vpar_}, {&ksink_, &o->ksink_}, {&vsink_, &o->vsink_},
+                      {&kres_, &o->kres_}, {&vres_, &o->vres_}})
+    if (s->bytes) check(cudaMemcpy(d->p, s->p, s->bytes, cudaMemcpyDeviceToDevice), "cache copy");
+  position_ = o->position_;
+  ring_start_ = o->ring_start_;
+  len_ = o->len_;
+  evicted_ = o->evicted_;
+  st_ = o->st_;
+  post_ = o->post_;
+  ops_ = o->ops_;
+}
+
 int64_t CudaCache::begin_step(int64_t n) {
   if (len_ + n > shape_.capacity) {
     if (!bounded()) fail("KV cache full: {} stored + {} new > capacity {}", len_, n, shape_.capacity);
@@ -145,6 +173,27 @@ void CudaCache::kivi_append(int64_t l, const float* k, const float* v, cudaStrea
       k::kivi_flush(c, int(op.qdst), int(op.rsrc), int(op.gslot), s);
     else
       k::kivi_append(c, k + op.src * row, v + op.src * row, int(op.n), op.to_sink, int(op.dst), s);
+  }
+}
+
+k::AppendKiviB CudaCache::kivi_append_param(int64_t l, const float* k, const float* v) const {
+  if (ops_.empty() || ops_[0].flush || ops_[0].n != 1)
+    fail("GPU cache: a batched append needs a plan of one new token");
+  const KOp& op = ops_[0];
+  k::AppendKiviB p;
+  p.c = kivi_layer(l, op.before);
+  p.k = k;
+  p.v = v;
+  p.dst = int(op.dst);
+  p.to_sink = op.to_sink ? 1 : 0;
+  return p;
+}
+
+void CudaCache::kivi_flushes(int64_t l, cudaStream_t s) const {
+  for (size_t i = 1; i < ops_.size(); ++i) {
+    const KOp& op = ops_[i];
+    if (!op.flush) fail("GPU cache: a batched step plans one append");
+    k::kivi_flush(kivi_layer(l, op.before), int(op.qdst), int(op.rsrc), int(op.gslot), s);
   }
 }
 
@@ -313,6 +362,123 @@ void attend_layer(const CudaCache& cc, int64_t l, const float* kk, const float* 
   k::append_plain(a.c, kk, vv, int(nb), int(first), s);
   fill_attend(a, cc, q, qcs, first, nb, nh, scale, out, part);
   k::attend_plain(a, s);
+}
+
+BatchAttend::BatchAttend() = default;
+BatchAttend::~BatchAttend() {
+  if (host_) cudaFreeHost(host_);
+}
+
+void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first, int64_t n_layers, int nh,
+                       float scale, const float* kk, const float* kraw, const float* vv, const float* q,
+                       const float* qcs, float* out, float* part, int64_t part_stride, cudaStream_t s) {
+  caches_ = caches;
+  const KVCacheShape& sh = caches[0]->shape();
+  nh_ = nh;
+  kvh_ = int(sh.n_kv_heads);
+  hd_ = int(sh.head_dim);
+  const int64_t KD = sh.n_kv_heads * sh.head_dim, QD = int64_t(nh) * sh.head_dim, hd = sh.head_dim;
+  groups_.clear();
+  for (int64_t b = 0; b < B; ++b) {
+    const CudaCache& c = *caches[b];
+    Group* g = nullptr;
+    for (Group& x : groups_)
+      if (x.kivi == c.kivi() && (c.kivi() ? x.e == c.residual_elem() && x.bits == c.bits() : x.e == c.elem()))
+        g = &x;
+    if (!g) {
+      groups_.emplace_back();
+      g = &groups_.back();
+      g->kivi = c.kivi();
+      g->e = c.kivi() ? c.residual_elem() : c.elem();
+      g->bits = c.kivi() ? c.bits() : 0;
+    }
+    g->seqs.push_back(b);
+    const int64_t len = first[b] + 1;
+    const int64_t chunk = c.kivi() ? k::kivi_decode_chunk() : 256;
+    g->S = std::max(g->S, int((len + chunk - 1) / chunk));
+  }
+  const auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  size_t per_layer = 0;
+  for (Group& g : groups_) {
+    const size_t n = g.seqs.size();
+    g.app_bytes = align(n * (g.kivi ? sizeof(k::AppendKiviB) : sizeof(k::AppendPlainB)));
+    g.att_bytes = align(n * (g.kivi ? sizeof(k::AttendKivi) : sizeof(k::Attend)));
+    g.off = per_layer;
+    per_layer += g.app_bytes + g.att_bytes;
+  }
+  const size_t total = per_layer * size_t(n_layers);
+  if (host_bytes_ < total) {
+    if (host_) cudaFreeHost(host_);
+    host_ = nullptr;
+    check(cudaHostAlloc(reinterpret_cast<void**>(&host_), total, cudaHostAllocDefault), "pinned buffer");
+    host_bytes_ = total;
+  }
+  // The previous step's upload must be done before the host buffer is rewritten.
+  check(cudaStreamSynchronize(s), "batch plan");
+  for (int64_t l = 0; l < n_layers; ++l) {
+    unsigned char* base = host_ + size_t(l) * per_layer;
+    for (const Group& g : groups_) {
+      unsigned char* app = base + g.off;
+      unsigned char* att = app + g.app_bytes;
+      for (size_t j = 0; j < g.seqs.size(); ++j) {
+        const int64_t b = g.seqs[j];
+        const CudaCache& c = *caches[b];
+        const int64_t len = first[b] + 1;
+        const auto fill = [&](auto& a) {
+          a.q = q + b * QD;
+          a.qcs = qcs + b * 2 * hd;
+          a.n = 1;
+          a.nh = nh;
+          a.len = int(len);
+          a.first = int(first[b]);
+          a.run_split = int(std::min<int64_t>(c.run_split(), len));
+          a.scale = scale;
+          a.out = out + b * QD;
+          a.part = part + b * part_stride;
+        };
+        if (g.kivi) {
+          const k::AppendKiviB p = c.kivi_append_param(l, kraw + b * KD, vv + b * KD);
+          std::memcpy(app + j * sizeof(p), &p, sizeof(p));
+          k::AttendKivi a;
+          a.c = c.kivi_layer(l);
+          a.kcs = c.slot_table();
+          fill(a);
+          std::memcpy(att + j * sizeof(a), &a, sizeof(a));
+        } else {
+          k::AppendPlainB p;
+          p.c = c.layer(l);
+          p.k = kk + b * KD;
+          p.v = vv + b * KD;
+          p.first = int(first[b]);
+          std::memcpy(app + j * sizeof(p), &p, sizeof(p));
+          k::Attend a;
+          a.c = p.c;
+          fill(a);
+          std::memcpy(att + j * sizeof(a), &a, sizeof(a));
+        }
+      }
+    }
+  }
+  dev_.reserve(total);
+  check(cudaMemcpyAsync(dev_.p, host_, total, cudaMemcpyHostToDevice, s), "batch plan upload");
+  per_layer_ = per_layer;
+}
+
+void BatchAttend::run_layer(int64_t l, cudaStream_t s) const {
+  const unsigned char* base = static_cast<const unsigned char*>(dev_.p) + size_t(l) * per_layer_;
+  for (const Group& g : groups_) {
+    const int B = int(g.seqs.size());
+    const unsigned char* app = base + g.off;
+    const unsigned char* att = app + g.app_bytes;
+    if (g.kivi) {
+      k::kivi_append_batch(reinterpret_cast<const k::AppendKiviB*>(app), B, kvh_, g.e, s);
+      for (int64_t b : g.seqs) caches_[b]->kivi_flushes(l, s);
+      k::attend_kivi_batch(reinterpret_cast<const k::AttendKivi*>(att), B, nh_, kvh_, hd_, g.S, g.e, g.bits, s);
+    } else {
+      k::append_plain_batch(reinterpret_cast<const k::AppendPlainB*>(app), B, kvh_, g.e, s);
+      k::attend_plain_batch(reinterpret_cast<const k::Attend*>(att), B, nh_, hd_, g.S, g.e, s);
+    }
+  }
 }
 
 }  // namespace ptllm::cuda

@@ -35,6 +35,8 @@ class CudaCache : public DeviceKVCache {
   size_t scale_bytes() const override;
   std::string describe() const override;
   void clear() override;
+  void copy_from(const KVCache& other) override;
+  size_t device_bytes() const override;
 
   // ---- used by Engine::run ----
   // Makes room for n new tokens (StreamingLLM: evicts the oldest non-sink
@@ -54,6 +56,13 @@ class CudaCache : public DeviceKVCache {
   // Runs this step's plan on layer l: k (pre-RoPE), v [n, kvh, hd] of the new tokens.
   void kivi_append(int64_t l, const float* k, const float* v, cudaStream_t s) const;
   const float* slot_table() const { return kcs_.f(); }
+  // Batched decode (one new token): this step's append as a batched-launch parameter
+  // (plan of begin_step(1): one append, then maybe a group flush), and the flush launches.
+  k::AppendKiviB kivi_append_param(int64_t l, const float* k, const float* v) const;
+  void kivi_flushes(int64_t l, cudaStream_t s) const;
+  k::Elem elem() const { return e_; }
+  k::Elem residual_elem() const { return re_; }
+  int bits() const { return bits_; }
   // Angles of query i's rotation for slots below run_split() (A) and above (B):
   // kv/storage_cache.cc's runs. Plain keys are stored rotated at their position
   // (reposition: slot_q + off, absolute: pos_q); KIVI keys are pre-RoPE and turned
@@ -105,6 +114,41 @@ class CudaCache : public DeviceKVCache {
   DevBuf kcodes_, vcodes_, kpar_, vpar_, ksink_, vsink_, kres_, vres_, kcs_;
   KState st_, post_;
   std::vector<KOp> ops_;
+};
+
+// Batched decode over B sequences of one token each: the sequences are grouped by
+// storage kind, and each group's append, attention and combine are one launch per
+// layer; the per-sequence, per-layer parameters of the whole step are uploaded once
+// (plan), before the layers run.
+class BatchAttend {
+ public:
+  BatchAttend();
+  ~BatchAttend();
+  BatchAttend(const BatchAttend&) = delete;
+  BatchAttend& operator=(const BatchAttend&) = delete;
+  // Rows b of kk (rotated keys), kraw (pre-RoPE), vv [B, KD], q [B, nh * hd], qcs [B, 2, hd]
+  // and out [B, nh * hd]; part: scratch of part_stride floats per sequence.
+  void plan(CudaCache* const* caches, int64_t B, const int64_t* first, int64_t n_layers, int nh, float scale,
+            const float* kk, const float* kraw, const float* vv, const float* q, const float* qcs, float* out,
+            float* part, int64_t part_stride, cudaStream_t s);
+  void run_layer(int64_t l, cudaStream_t s) const;
+
+ private:
+  struct Group {
+    bool kivi = false;
+    k::Elem e = k::Elem::F16;
+    int bits = 0;
+    std::vector<int64_t> seqs;
+    int S = 0;
+    size_t app_bytes = 0, att_bytes = 0;  // per layer
+    size_t off = 0;                       // within a layer's parameters
+  };
+  std::vector<Group> groups_;
+  CudaCache* const* caches_ = nullptr;
+  int nh_ = 0, kvh_ = 0, hd_ = 0;
+  unsigned char* host_ = nullptr;  // pinned
+  size_t host_bytes_ = 0, per_layer_ = 0;  // layer l's parameters at l * per_layer_ + group.off
+  DevBuf dev_;
 };
 
 // Layer l of one sequence's step: stores its nb new K/V rows and attends its nb

@@ -135,12 +135,12 @@ __global__ void append_kernel(PlainLayer c, const float* k, const float* v, int 
 }
 
 // Flash-decoding split: block (split s, head h, query i) covers kChunk slots;
-// 4 warps score one slot each at a time (lanes over channels), softmax within
+// 4 warps score 4 slots each at a time (lanes over channels), softmax within
 // the chunk, then the weighted V sum (threads over channels). Partials
 // (max, sum, o[hd]) go to `part`; combine_kernel merges the splits.
 template <class T>
-__global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
-  const int s = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+__device__ __forceinline__ void attend_body(const Attend& a, int i) {
+  const int s = blockIdx.x, h = blockIdx.y;
   const PlainLayer& c = a.c;
   const int hd = c.hd, half = hd / 2, kvh = h / (a.nh / c.kvh);
   const int S = gridDim.x;
@@ -166,13 +166,32 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
   const T* K = static_cast<const T*>(c.k) + int64_t(kvh) * c.cap * hd;
   const T* V = static_cast<const T*>(c.v) + int64_t(kvh) * c.cap * hd;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int t = b0 + warp; t < b1; t += kThreads / 32) {
-    const T* kr = K + phys_row(c, t) * hd;
-    const float* qq = t < a.run_split ? qa : qb;
-    float d = 0;
-    for (int j = lane; j < hd; j += 32) d = fmaf(qq[j], widen(kr[j]), d);
-    d = warp_sum(d);
-    if (lane == 0) p[t - b0] = d * a.scale;
+  // A warp scores kU slots together (their loads in flight at once; each slot's
+  // sum in the same order as one at a time). Slots past b1 repeat the last one.
+  constexpr int kU = 4;
+  for (int t0 = b0 + warp * kU; t0 < b1; t0 += (kThreads / 32) * kU) {
+    const T* kr[kU];
+    const float* qq[kU];
+    float d[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int t = min(t0 + u, b1 - 1);
+      kr[u] = K + phys_row(c, t) * hd;
+      qq[u] = t < a.run_split ? qa : qb;
+      d[u] = 0;
+    }
+    for (int j = lane; j < hd; j += 32) {
+      float kv[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) kv[u] = widen(kr[u][j]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) d[u] = fmaf(qq[u][j], kv[u], d[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const float v = warp_sum(d[u]);
+      if (lane == 0 && t0 + u < b1) p[t0 + u - b0] = v * a.scale;
+    }
   }
   __syncthreads();
   const int len = b1 - b0;
@@ -184,28 +203,49 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
   __syncthreads();
   for (int j = threadIdx.x; j < hd; j += blockDim.x) {
     float o = 0;
-    for (int t = 0; t < len; ++t) o = fmaf(p[t], widen(V[phys_row(c, b0 + t) * hd + j]), o);
+    int t = 0;
+    for (; t + 8 <= len; t += 8) {  // 8 rows' loads in flight, then the sums in order
+      float v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = widen(V[phys_row(c, b0 + t + u) * hd + j]);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) o = fmaf(p[t + u], v[u], o);
+    }
+    for (; t < len; ++t) o = fmaf(p[t], widen(V[phys_row(c, b0 + t) * hd + j]), o);
     part[2 + j] = o;
   }
   if (threadIdx.x == 0) { part[0] = red[0]; part[1] = red[1]; }
 }
 
-__global__ void combine_kernel(const float* part, int S, int hd, float* out) {
-  const int64_t qh = blockIdx.x;  // query * nh + head
-  const float* pp = part + qh * S * (hd + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < S; ++s) M = fmaxf(M, pp[s * (hd + 2)]);
-  float L = 0;
-  for (int s = 0; s < S; ++s)
-    if (pp[s * (hd + 2) + 1] > 0) L += pp[s * (hd + 2) + 1] * expf(pp[s * (hd + 2)] - M);
-  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-    float o = 0;
-    for (int s = 0; s < S; ++s) {
-      const float* ps = pp + s * (hd + 2);
-      if (ps[1] > 0) o += ps[2 + j] * expf(ps[0] - M);
-    }
-    out[qh * hd + j] = L > 0 ? o / L : 0.f;
+template <class T>
+__global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
+  attend_body<T>(a, blockIdx.z);
+}
+
+// Batched decode: block (split, head, sequence); the sequence's parameters are staged in shared memory.
+template <class T>
+__global__ void __launch_bounds__(kThreads) attend_batch_kernel(const Attend* as) {
+  const Attend& a = stage_params(as + blockIdx.z);
+  attend_body<T>(a, 0);
+}
+
+template <class T>
+__global__ void append_batch_kernel(const AppendPlainB* ps) {
+  const AppendPlainB& p = ps[blockIdx.x];
+  const PlainLayer& c = p.c;
+  const int h = blockIdx.y;
+  const int64_t row = (int64_t(h) * c.cap + phys_row(c, p.first)) * c.hd;
+  T* kd = static_cast<T*>(c.k) + row;
+  T* vd = static_cast<T*>(c.v) + row;
+  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) {
+    kd[i] = narrow<T>(p.k[h * c.hd + i]);
+    vd[i] = narrow<T>(p.v[h * c.hd + i]);
   }
+}
+
+__global__ void __launch_bounds__(128) combine_kernel(const float* part, int S, int hd, float* out) {
+  const int64_t qh = blockIdx.x;  // query * nh + head
+  combine_row(part + qh * S * (hd + 2), S, hd, out + qh * hd);
 }
 
 }  // namespace
@@ -293,5 +333,22 @@ void attend_plain(const Attend& a, cudaStream_t s) {
   if (a.c.e == Elem::BF16) attend_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(a);
   combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
 }
+
+void append_plain_batch(const AppendPlainB* d, int B, int kvh, Elem e, cudaStream_t s) {
+  const dim3 grid(B, kvh);
+  if (e == Elem::F32) append_batch_kernel<float><<<grid, 128, 0, s>>>(d);
+  if (e == Elem::F16) append_batch_kernel<__half><<<grid, 128, 0, s>>>(d);
+  if (e == Elem::BF16) append_batch_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(d);
+}
+
+void attend_plain_batch(const Attend* d, int B, int nh, int hd, int S, Elem e, cudaStream_t s) {
+  const dim3 grid(S, nh, B);
+  if (e == Elem::F32) attend_batch_kernel<float><<<grid, kThreads, 0, s>>>(d);
+  if (e == Elem::F16) attend_batch_kernel<__half><<<grid, kThreads, 0, s>>>(d);
+  if (e == Elem::BF16) attend_batch_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(d);
+  combine_batch_kernel<Attend><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+}
+
+int kivi_decode_chunk() { return kivi_chunk(1); }
 
 }  // namespace ptllm::cuda::k

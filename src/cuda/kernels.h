@@ -105,4 +105,29 @@ struct AttendKivi {
 };
 void attend_kivi(const AttendKivi& a, cudaStream_t s);
 
+// ---- Batched decode: B sequences of one token each, one launch per kernel ----
+// Per-sequence parameters live in device memory (an array of B structs); all
+// sequences of one launch share the storage kind (plain: c.e; KIVI: c.re and
+// c.bits), kvh, nh and hd. The attention structs have n = 1 and their own q, qcs,
+// out and part (S splits: S >= every sequence's split count; a sequence's unused
+// splits write empty partials, so `part` holds nh * S * (hd + 2) floats each).
+struct AppendPlainB {
+  PlainLayer c;
+  const float* k = nullptr;  // [kvh, hd] rotated
+  const float* v = nullptr;
+  int first = 0;
+};
+void append_plain_batch(const AppendPlainB* d, int B, int kvh, Elem e, cudaStream_t s);
+void attend_plain_batch(const Attend* d, int B, int nh, int hd, int S, Elem e, cudaStream_t s);
+struct AppendKiviB {
+  KiviLayer c;               // bookkeeping before the append
+  const float* k = nullptr;  // [kvh, hd] pre-RoPE
+  const float* v = nullptr;
+  int dst = 0, to_sink = 0;
+};
+void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream_t s);
+// S counts kivi splits (the decode chunk of kivi_chunk(1) slots).
+void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, Elem re, int bits, cudaStream_t s);
+int kivi_decode_chunk();
+
 }  // namespace ptllm::cuda::k

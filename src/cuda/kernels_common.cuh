@@ -86,6 +86,80 @@ __device__ __forceinline__ void warp_softmax_exp(float* p, int len, int lane, fl
   l = warp_sum(l);
 }
 
+// A batched launch's per-sequence parameter struct, copied to shared memory by the
+// block (the structs have default member initializers: no __shared__ object of them).
+template <class A>
+__device__ __forceinline__ const A& stage_params(const A* src) {
+  static_assert(sizeof(A) % 4 == 0, "parameter struct of whole words");
+  __shared__ alignas(16) unsigned int raw[sizeof(A) / 4];
+  for (int w = threadIdx.x; w < int(sizeof(A) / 4); w += blockDim.x) raw[w] = reinterpret_cast<const unsigned int*>(src)[w];
+  __syncthreads();
+  return *reinterpret_cast<const A*>(raw);
+}
+
+// combine_kernel of a batched launch: block (head, sequence) merges the S split
+// partials at as[b].part into as[b].out (A: Attend or AttendKivi).
+// Merges one row's S split partials pp [S, hd + 2] (max, sum, o[hd]) into out[hd];
+// 128 threads (hd <= kMaxHd = 4 x 128). The max and the splits' weights are spread
+// over the threads (weights staged in shared memory, 1,024 splits at a time); each
+// channel's sum runs over the splits in order with the loads of 8 splits in flight.
+// A split that saw no slot (sum 0: its o is not written) weighs nothing.
+__device__ __forceinline__ float block_reduce_128(float x, bool is_max) {
+  __shared__ float red[4];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  x = is_max ? warp_max(x) : warp_sum(x);
+  __syncthreads();
+  if (lane == 0) red[warp] = x;
+  __syncthreads();
+  return is_max ? fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])) : (red[0] + red[1]) + (red[2] + red[3]);
+}
+__device__ __forceinline__ void combine_row(const float* pp, int S, int hd, float* out) {
+  __shared__ float w[1024];
+  const int tid = threadIdx.x, st = hd + 2;
+  float m = -INFINITY;
+  for (int s = tid; s < S; s += 128) m = fmaxf(m, pp[int64_t(s) * st]);
+  const float M = block_reduce_128(m, true);
+  float l = 0;
+  float o[kMaxHd / 128] = {};
+  for (int s0 = 0; s0 < S; s0 += 1024) {
+    const int n = S - s0 < 1024 ? S - s0 : 1024;
+    __syncthreads();  // the previous tile's weights are used up
+    for (int s = tid; s < n; s += 128) {
+      const float* ps = pp + int64_t(s0 + s) * st;
+      const float ws = ps[1] > 0 ? expf(ps[0] - M) : 0.f;
+      w[s] = ws;
+      if (ps[1] > 0) l += ps[1] * ws;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int jj = 0; jj < kMaxHd / 128; ++jj) {
+      const int j = tid + jj * 128;
+      if (j < hd) {
+        float acc = o[jj];
+        const float* pj = pp + int64_t(s0) * st + 2 + j;
+#pragma unroll 8
+        for (int s = 0; s < n; ++s) {
+          const float x = pj[int64_t(s) * st], ws = w[s];
+          acc = ws > 0 ? fmaf(x, ws, acc) : acc;
+        }
+        o[jj] = acc;
+      }
+    }
+  }
+  const float L = block_reduce_128(l, false);
+#pragma unroll
+  for (int jj = 0; jj < kMaxHd / 128; ++jj) {
+    const int j = tid + jj * 128;
+    if (j < hd) out[j] = L > 0 ? o[jj] / L : 0.f;
+  }
+}
+
+template <class A>
+__global__ void __launch_bounds__(128) combine_batch_kernel(const A* as, int S, int hd) {
+  const A& a = as[blockIdx.y];
+  combine_row(a.part + int64_t(blockIdx.x) * S * (hd + 2), S, hd, a.out + int64_t(blockIdx.x) * hd);
+}
+
 }  // namespace
 
 // Blocks for an elementwise kernel over n values (256 threads each, at most 4,096).

@@ -170,7 +170,7 @@ __global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
 
 // attend_kernel over a KIVI layer, for hpb query heads of one KV head per block
 // (GQA: the group's heads share each code row, parameter and slot-table row read;
-// block (split s, head block y, query i) covers heads y*hpb .. y*hpb+hpb-1).
+// block (head block x, split s, query i) covers heads x*hpb .. x*hpb+hpb-1).
 // Slot t of the sequence: a sink row, quantised token t - n_sink (codes, K parameters
 // of its group / V parameters of its row) or a residual row. A key pair (i, i + hd/2)
 // is widened (u * scale + zero for codes) in registers, turned by the slot table row
@@ -178,12 +178,14 @@ __global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
 // Each head's arithmetic is the same, in the same order, whatever hpb is.
 constexpr int kMaxHpb = 8;
 template <class T, int BITS>
-__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb, int chunk) {
+__device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int hpb, int chunk) {
   extern __shared__ float sm[];
-  const int s = blockIdx.x, h0 = blockIdx.y * hpb, i = blockIdx.z;
+  // Grid (head block, split, query or sequence): the head blocks of one split run
+  // side by side, so the split's slot-table rows are read from DRAM about once.
+  const int s = blockIdx.y, h0 = blockIdx.x * hpb;
   const KiviLayer& c = a.c;
   const int hd = c.hd, half = hd / 2, kvh = h0 / (a.nh / c.kvh);
-  const int S = gridDim.x;
+  const int S = gridDim.y;
   float* qa = sm;                 // [hpb, hd] queries turned for slots < run_split
   float* qb = qa + hpb * hd;      // [hpb, hd] and for the others
   float* p = qb + hpb * hd;       // [hpb, chunk] scores, then exp
@@ -299,6 +301,32 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int
   }
 }
 
+template <class T, int BITS>
+__global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb, int chunk) {
+  attend_kivi_body<T, BITS>(a, blockIdx.z, hpb, chunk);
+}
+
+// Batched decode: block (split, head block, sequence); the sequence's parameters staged in shared memory.
+template <class T, int BITS>
+__global__ void __launch_bounds__(kThreads) attend_kivi_batch_kernel(const AttendKivi* as, int hpb, int chunk) {
+  const AttendKivi& a = stage_params(as + blockIdx.z);
+  attend_kivi_body<T, BITS>(a, 0, hpb, chunk);
+}
+
+template <class T>
+__global__ void kivi_append_batch_kernel(const AppendKiviB* ps) {
+  const AppendKiviB& p = ps[blockIdx.x];
+  const KiviLayer& c = p.c;
+  const int h = blockIdx.y, hd = c.hd;
+  const int64_t row = p.to_sink ? int64_t(h) * c.sink_cap + p.dst : int64_t(h) * c.res_cap + p.dst % c.res_cap;
+  T* kd = static_cast<T*>(p.to_sink ? c.ksink : c.kres) + row * hd;
+  T* vd = static_cast<T*>(p.to_sink ? c.vsink : c.vres) + row * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    kd[i] = narrow_resid<T>(p.k[h * hd + i]);
+    vd[i] = narrow_resid<T>(p.v[h * hd + i]);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -326,6 +354,12 @@ struct FlushLaunch {
   }
 };
 template <class T, int BITS>
+struct AttendKiviBatchLaunch {
+  static void run(const AttendKivi* d, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
+    attend_kivi_batch_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(d, hpb, chunk);
+  }
+};
+template <class T, int BITS>
 struct AttendKiviLaunch {
   static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
     attend_kivi_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(a, hpb, chunk);
@@ -346,20 +380,47 @@ void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t 
   kivi_dispatch<FlushLaunch>(c, c, qdst, rsrc, gslot, s);
 }
 
-void attend_kivi(const AttendKivi& a, cudaStream_t s) {
-  const int chunk = kivi_chunk(a.n);
-  const int S = (a.len + chunk - 1) / chunk;
-  // Heads per block: the largest divisor of the GQA group up to kMaxHpb (shared
-  // memory 4 * hpb * (2 hd + chunk + 2) bytes: <= 41 KB at hd 512).
-  // Only with enough splits (S >= 8): a short sequence has few blocks to spread
-  // over the GPU, and one head per block keeps them all (1B shape at depth 0:
-  // 64 blocks of 1 head instead of 16 of 4).
-  const int grp = a.nh / a.c.kvh;
+namespace {
+// Heads per block: the largest divisor of the GQA group up to kMaxHpb (shared
+// memory 4 * hpb * (2 hd + chunk + 2) bytes: <= 41 KB at hd 512).
+// Only with enough splits (S >= 8): a short sequence has few blocks to spread
+// over the GPU, and one head per block keeps them all (1B shape at depth 0:
+// 64 blocks of 1 head instead of 16 of 4).
+int heads_per_block(int grp, int S) {
   int hpb = 1;
   for (int d = kMaxHpb; d > 1 && S >= 8; --d)
     if (grp % d == 0) { hpb = d; break; }
+  return hpb;
+}
+}  // namespace
+
+void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream_t s) {
+  const dim3 grid(B, kvh);
+  if (re == Elem::F32) kivi_append_batch_kernel<float><<<grid, 128, 0, s>>>(d);
+  if (re == Elem::F16) kivi_append_batch_kernel<__half><<<grid, 128, 0, s>>>(d);
+  if (re == Elem::BF16) kivi_append_batch_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(d);
+}
+
+void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, Elem re, int bits,
+                       cudaStream_t s) {
+  const int chunk = kivi_chunk(1);
+  const int hpb = heads_per_block(nh / kvh, S);
+  const size_t shmem = size_t(hpb) * size_t(2 * hd + chunk + 2) * sizeof(float);
+  const dim3 grid(nh / hpb, S, B);
+  KiviLayer c;  // the dispatch keys
+  c.re = re;
+  c.bits = bits;
+  kivi_dispatch<AttendKiviBatchLaunch>(c, d, grid, hpb, chunk, shmem, s);
+  combine_batch_kernel<AttendKivi><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+}
+
+void attend_kivi(const AttendKivi& a, cudaStream_t s) {
+  const int chunk = kivi_chunk(a.n);
+  const int S = (a.len + chunk - 1) / chunk;
+  const int grp = a.nh / a.c.kvh;
+  const int hpb = heads_per_block(grp, S);
   const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + chunk + 2) * sizeof(float);
-  const dim3 grid(S, a.nh / hpb, a.n);
+  const dim3 grid(a.nh / hpb, S, a.n);
   kivi_dispatch<AttendKiviLaunch>(a.c, a, grid, hpb, chunk, shmem, s);
   combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
 }

@@ -21,6 +21,12 @@ class LayerProbe {
   // of k, v [n, kvh, hd] (keys before RoPE, as the model hands them to the cache),
   // attend of q [n, nh, hd] (before RoPE) into out [n, nh, hd], then advance(n).
   void step(const float* k, const float* v, const float* q, int64_t n, float* out);
+  // The decode attention alone: step() of one token (k, v, q) first, then `reps`
+  // back-to-back launches of the attention that step ran for its query (split
+  // kernel + combine), timed with CUDA events; returns seconds per launch.
+  // flush_bytes > 0: before each launch a memset of that many scratch bytes evicts
+  // the cache from L2 (the H200's is 50 MB), and each launch is timed alone.
+  double time_attention(const float* k, const float* v, const float* q, int reps, size_t flush_bytes = 0);
   size_t payload_bytes() const;
   size_t scale_bytes() const;
 

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "core/error.h"
 #include "engine/decoder.h"
 #include "engine/process.h"
+#include "model/device_cache.h"
 
 namespace ptllm {
 namespace {
@@ -59,13 +61,35 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
   if (o.repeat < 1) fail("--repeat {}: expected >= 1", o.repeat);
   if (o.depth < 0) fail("--depth {}: expected >= 0", o.depth);
   if (o.prompt_tokens == 0 && o.gen_tokens == 0) fail("--prompt-tokens and --gen-tokens are both 0: nothing to time");
+  if (o.batch < 1 || o.batch > 4096) fail("--batch {}: expected 1 .. 4096", o.batch);
+  if (o.batch > 1 && o.gen_tokens == 0) fail("--batch {}: needs --gen-tokens >= 1 (it batches the decode test)", o.batch);
+  const int64_t runs = o.repeat + (o.warmup ? 1 : 0);
   const int64_t fill_to = std::max(o.prompt_tokens, o.depth);
-  const std::vector<int32_t> ids = bench_ids(model.config(), fill_to + o.gen_tokens + 1);
+  const std::vector<int32_t> ids =
+      bench_ids(model.config(), fill_to + o.gen_tokens * (o.batch > 1 ? runs : 1) + o.batch + 1);
   BenchResult r;
   // An unbounded cache must hold the prefill, or the fill plus the decode.
-  r.capacity = std::max<int64_t>({o.prompt_tokens, o.depth + o.gen_tokens, 1});
+  r.capacity = std::max<int64_t>({o.prompt_tokens, o.depth + o.gen_tokens * (o.batch > 1 ? runs : 1), 1});
   r.step_weight_bytes = model.step_weight_bytes();
-  const int64_t runs = o.repeat + (o.warmup ? 1 : 0);
+  r.batch = o.batch;
+  std::vector<std::unique_ptr<Decoder>> seqs;
+  std::vector<Decoder*> ptrs;
+  if (o.batch > 1) {
+    for (int64_t b = 0; b < o.batch; ++b) {
+      seqs.push_back(std::make_unique<Decoder>(model, make_cache(model.cache_shape(r.capacity), spec)));
+      ptrs.push_back(seqs.back().get());
+    }
+    fill(*seqs[0], ids, o.depth);
+    r.batch_fill = "prefill";
+    for (int64_t b = 1; b < o.batch; ++b) {
+      if (auto* dc = dynamic_cast<DeviceKVCache*>(&seqs[size_t(b)]->cache())) {
+        dc->copy_from(seqs[0]->cache());
+        r.batch_fill = "device copy of the first sequence's cache";
+      } else {
+        fill(*seqs[size_t(b)], ids, o.depth);
+      }
+    }
+  }
   for (int64_t rep = 0; rep < runs; ++rep) {
     const bool keep = !o.warmup || rep > 0;
     if (o.prompt_tokens > 0) {
@@ -76,7 +100,26 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
         r.prefill_cpu_tps.push_back(double(o.prompt_tokens) / cs);
       }
     }
-    if (o.gen_tokens > 0) {
+    if (o.gen_tokens > 0 && o.batch > 1) {
+      // Sequence b takes the id b places on from sequence 0's (the ids only have to be valid).
+      const int64_t at = o.depth + rep * o.gen_tokens;
+      std::vector<int32_t> step_ids(size_t(o.batch));
+      const auto [s, cs] = timed([&] {
+        for (int64_t i = 0; i < o.gen_tokens; ++i) {
+          for (int64_t b = 0; b < o.batch; ++b) step_ids[size_t(b)] = ids[size_t(at + i + b)];
+          step_batch(ptrs, step_ids);
+        }
+      });
+      if (keep) {
+        r.decode_tps.push_back(double(o.gen_tokens * o.batch) / s);
+        r.decode_cpu_tps.push_back(double(o.gen_tokens * o.batch) / cs);
+      }
+      if (auto* dc = dynamic_cast<const DeviceKVCache*>(&seqs[0]->cache())) r.device_bytes = dc->device_bytes();
+      r.cache_description = seqs[0]->cache().describe();
+      r.cache_bytes = seqs[0]->cache().payload_bytes() + seqs[0]->cache().scale_bytes();
+      r.batch_cache_bytes = 0;
+      for (const auto& d : seqs) r.batch_cache_bytes += d->cache().payload_bytes() + d->cache().scale_bytes();
+    } else if (o.gen_tokens > 0) {
       Decoder d(model, make_cache(model.cache_shape(r.capacity), spec));
       fill(d, ids, o.depth);
       const auto [s, cs] = timed([&] {
@@ -86,6 +129,7 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
         r.decode_tps.push_back(double(o.gen_tokens) / s);
         r.decode_cpu_tps.push_back(double(o.gen_tokens) / cs);
       }
+      if (auto* dc = dynamic_cast<const DeviceKVCache*>(&d.cache())) r.device_bytes = dc->device_bytes();
       r.cache_description = d.cache().describe();
       r.cache_bytes = d.cache().payload_bytes() + d.cache().scale_bytes();
     }

@@ -7,6 +7,14 @@
 // ids: speed does not depend on them. One untimed warm-up repeat comes first
 // unless !warmup (page faults of the mmapped weights, cache warm-up).
 //
+// Batch B > 1: the decode test steps B sequences together (step_batch, one
+// Model::forward_batch per step), each with its own cache at depth D. The caches
+// are filled untimed: the first by prefill, the others as device-side copies of it
+// when the caches live on a device (DeviceKVCache::copy_from), else by the same
+// prefill each. One set of caches serves every repeat (repeat r decodes on from
+// where r - 1 stopped: depth D + r * gen_tokens at its start); tokens/s counts
+// B tokens per step.
+//
 // Interleaved: one cache per depth, each filled untimed to its depth; then
 // `repeat` rounds in which every cache in turn decodes gen_tokens timed
 // tokens. Alternating the caches within one process cancels the drift of a
@@ -27,7 +35,7 @@ struct MeanSd {
 MeanSd mean_sd(const std::vector<double>& v);
 
 struct BenchOptions {
-  int64_t prompt_tokens = 512, gen_tokens = 128, repeat = 5, depth = 0;
+  int64_t prompt_tokens = 512, gen_tokens = 128, repeat = 5, depth = 0, batch = 1;
   bool warmup = true;
 };
 
@@ -39,6 +47,10 @@ struct BenchResult {
   size_t cache_bytes = 0;         // held by the decode cache at the end
   size_t step_weight_bytes = 0;   // weights one decode step reads (Model::step_weight_bytes)
   int64_t capacity = 0;           // tokens an unbounded cache was sized for
+  int64_t batch = 1;              // sequences per decode step
+  size_t batch_cache_bytes = 0;   // held by all B decode caches at the end
+  std::string batch_fill;         // how caches 2..B were filled ("device copy" or "prefill")
+  size_t device_bytes = 0;        // device memory one decode cache holds (device caches; else 0)
 };
 // Throws Error naming the option on bad values.
 BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOptions& o);

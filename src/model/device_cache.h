@@ -18,6 +18,12 @@ class DeviceKVCache : public KVCache {
   // Model::forward_batch: one token per cache, caches[0] == this; all caches
   // are device caches of the same backend. logits [B, vocab].
   virtual void forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) = 0;
+  // Makes this cache hold exactly what `other` holds (a device cache of the same
+  // backend, shape and settings): a device-side copy, no model run (bench --batch
+  // fills one sequence and copies it).
+  virtual void copy_from(const KVCache& other) = 0;
+  // Device memory this cache holds (allocated for its whole capacity), in bytes.
+  virtual size_t device_bytes() const = 0;
 
   void append(int64_t, const float*, const float*, int64_t) override {
     fail("device KV cache: append() is not used (Model::forward runs the step on the device)");

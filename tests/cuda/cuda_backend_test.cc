@@ -37,6 +37,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
 #include <memory>
@@ -47,6 +49,8 @@
 
 #include "core/error.h"
 #include "cuda/backend.h"
+#include "cuda/device_buffer.h"
+#include "cuda/gemm.h"
 #include "cuda/probe.h"
 #include "engine/decoder.h"
 #include "kv/cache_spec.h"
@@ -421,6 +425,122 @@ TEST(CudaBackend, BatchKiviMatchesCpu) {
                                     cpu, gpu);
   for (size_t b = 0; b < specs.size(); ++b) EXPECT_EQ(gpu[b]->cache().payload_bytes(), cpu[b]->cache().payload_bytes());
   std::printf("batch of 4 (int4, fp16, int2 sink 2 + window 13, int8 absolute): max rel logit err %.2e\n", worst);
+}
+
+// A batch large enough for the batched paths at their defaults: projections of 16+
+// rows through cuBLAS (fp32 weights here: an fp32 GEMM) and one attention launch
+// per layer and storage kind for all sequences (four groups of six).
+TEST(CudaBackend, BatchOfManyMatchesCpu) {
+  auto m = load(fixture("hf/llama-gqa-tied"));
+  std::vector<CacheSpec> specs;
+  for (int r = 0; r < 6; ++r) {
+    specs.push_back(cache_spec(KVStorage::F16));
+    specs.push_back(cache_spec(KVStorage::F32, 2, 6));
+    specs.push_back(cache_spec(KVStorage::Int8, 0, 0, RopeMode::Reposition, 4, 8));
+    specs.push_back(cache_spec(KVStorage::Int2, 2, 13, RopeMode::Reposition, 4, 4));
+  }
+  std::vector<std::unique_ptr<Decoder>> cpu, gpu;
+  const double worst = batch_vs_cpu(*m, specs, 1, 14, [](int step, int b) { return step * (3 + 2 * b) + b; }, 2e-3,
+                                    cpu, gpu);
+  std::printf("batch of %zu (fp16, fp32 sink + window, int8, int2 sink + window), cuBLAS %s: max rel logit err %.2e\n",
+              specs.size(), cuda::Gemm::get() ? "on" : ("off: " + cuda::Gemm::load_error()).c_str(), worst);
+}
+
+// A decode batch of 16+ sequences with bf16 weights goes through a bf16 GEMM (the
+// activations rounded to bf16 first): each sequence's logits against the same
+// sequence stepped alone on the GPU (GEMV kernel, fp32 activations, the same bf16
+// weights). The rounding must show (the GEMM ran) and stay small.
+TEST(CudaBackend, BatchBf16GemmMatchesSingleSteps) {
+  if (!cuda::Gemm::get()) GTEST_SKIP() << "no cuBLAS: " << cuda::Gemm::load_error();
+  auto m = load(fixture("hf/llama-gqa-tied"));
+  const int64_t V = m->config().vocab_size;
+  const int B = 20;
+  if (const char* e = std::getenv("PTLLM_CUDA_GEMM_ROWS"); e && (std::atoi(e) <= 0 || std::atoi(e) > B))
+    GTEST_SKIP() << "PTLLM_CUDA_GEMM_ROWS=" << e << ": a batch of " << B << " takes no GEMM";
+  cuda::activate(*m, cuda::WeightType::BF16);
+  std::vector<std::unique_ptr<Decoder>> batch, solo;
+  for (int b = 0; b < B; ++b) {
+    std::vector<int32_t> p(size_t(3 + b));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 37 + size_t(b) * 11) % size_t(V));
+    for (auto* set : {&batch, &solo}) {
+      set->push_back(std::make_unique<Decoder>(*m, make_cache(m->cache_shape(64), cache_spec(KVStorage::F16))));
+      set->back()->prefill(p);
+    }
+  }
+  cuda::deactivate();
+  double worst = 0;
+  for (int step = 0; step < 10; ++step) {
+    std::vector<int32_t> ids;
+    std::vector<Decoder*> pb;
+    for (int b = 0; b < B; ++b) {
+      ids.push_back(int32_t((step * (7 + b) + 3 * b) % V));
+      pb.push_back(batch[size_t(b)].get());
+    }
+    step_batch(pb, ids);
+    for (int b = 0; b < B; ++b) {
+      solo[size_t(b)]->step(ids[size_t(b)]);
+      const double e = rel_err(batch[size_t(b)]->logits().data(), solo[size_t(b)]->logits().data(), V);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 2e-2) << "step " << step << " seq " << b;
+    }
+  }
+  EXPECT_GT(worst, 0.0) << "the batch did not take the bf16 GEMM";
+  std::printf("batch of %d, bf16 weights: bf16 GEMM vs GEMV single steps, max rel logit diff %.2e\n", B, worst);
+}
+
+// bf16 RNE on the host (the GEMM's input rounding), for the reference below.
+float bf16_round(float x, uint16_t* bits) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *bits = uint16_t(u >> 16);
+  u &= 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+// cuBLAS's y (+)= x W^T with bf16 W against a double-precision reference of the same
+// bf16-rounded inputs: the layout (row-major nn.Linear weight, transposes) and the
+// accumulate flag.
+TEST(CudaBackend, GemmBf16MatchesReference) {
+  cuda::Gemm* g = cuda::Gemm::get();
+  if (!g) GTEST_SKIP() << "no cuBLAS: " << cuda::Gemm::load_error();
+  const int M = 37, N = 70, K = 96;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(M * K)), wr(size_t(N * K)), xr(size_t(M * K)), y0(size_t(M * N));
+  std::vector<uint16_t> wb(size_t(N * K)), scratch(1);
+  for (size_t i = 0; i < wr.size(); ++i) wr[i] = bf16_round(nd(rng), &wb[i]);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = nd(rng);
+    xr[i] = bf16_round(x[i], &scratch[0]);
+  }
+  for (auto& v : y0) v = nd(rng);
+  cuda::DevBuf dw, dx, dxb, dy;
+  dw.reserve(wb.size() * 2);
+  dx.reserve(x.size() * 4);
+  dxb.reserve(x.size() * 2);
+  dy.reserve(y0.size() * 4);
+  cuda::check(cudaMemcpy(dw.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), "copy");
+  cuda::check(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "copy");
+  for (bool acc : {false, true}) {
+    cuda::check(cudaMemcpy(dy.p, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice), "copy");
+    g->run(cuda::k::Elem::BF16, dw.p, dx.f(), dxb.p, dy.f(), M, N, K, acc, nullptr);
+    std::vector<float> y(y0.size());
+    cuda::check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "copy");
+    double worst = 0;
+    for (int i = 0; i < M; ++i)
+      for (int n = 0; n < N; ++n) {
+        double ref = acc ? y0[size_t(i * N + n)] : 0.0, mag = std::fabs(ref);
+        for (int k = 0; k < K; ++k) {
+          ref += double(xr[size_t(i * K + k)]) * wr[size_t(n * K + k)];
+          mag += std::fabs(double(xr[size_t(i * K + k)]) * wr[size_t(n * K + k)]);
+        }
+        worst = std::max(worst, std::fabs(y[size_t(i * N + n)] - ref) / mag);
+      }
+    EXPECT_LE(worst, 1e-6) << "accumulate " << acc;  // fp32 accumulation of exact bf16 products
+  }
 }
 
 }  // namespace

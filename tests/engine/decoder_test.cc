@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "engine/bench.h"
 #include "engine/decoder.h"
 #include "engine/session.h"
 #include "model/convert.h"
@@ -214,6 +215,35 @@ TEST(Decoder, StepBytesAreWeightsPlusCache) {
   // Tied embeddings: the table is the output head, read whole.
   auto tied = Model::load_hf(test::fixture("hf/llama-gqa-tied"));
   EXPECT_EQ(tied->step_weight_bytes(), tied->weight_bytes());
+}
+
+// bench --batch on the CPU: B caches prefilled to the depth, each repeat decodes on from
+// where the previous one stopped (warm-up included), B tokens counted per step.
+TEST(Bench, BatchDecodesEverySequenceFromTheDepth) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  const auto& c = m->config();
+  BenchOptions o;
+  o.prompt_tokens = 0;
+  o.gen_tokens = 5;
+  o.repeat = 2;
+  o.depth = 7;
+  o.batch = 3;
+  const BenchResult r = run_bench(*m, CacheSpec{}, o);
+  EXPECT_EQ(r.decode_tps.size(), 2u);
+  EXPECT_EQ(r.batch, 3);
+  EXPECT_EQ(r.batch_fill, "prefill");
+  EXPECT_EQ(r.device_bytes, 0u);
+  // An fp32 cache holds depth + gen per run (3 runs: the warm-up and 2 repeats) per sequence.
+  const size_t per_token = 2 * size_t(c.n_layers * c.n_kv_heads * c.head_dim) * 4;
+  EXPECT_EQ(r.cache_bytes, per_token * size_t(7 + 5 * 3));
+  EXPECT_EQ(r.batch_cache_bytes, 3 * r.cache_bytes);
+  EXPECT_EQ(r.capacity, 7 + 5 * 3);
+  o.batch = 0;
+  EXPECT_THROW(run_bench(*m, CacheSpec{}, o), Error);
+  o.batch = 2;
+  o.gen_tokens = 0;
+  o.prompt_tokens = 4;
+  EXPECT_THROW(run_bench(*m, CacheSpec{}, o), Error);
 }
 
 }  // namespace

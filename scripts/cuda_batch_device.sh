@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# One device run for issue 17's batched decode (docs/BENCHMARKS.md, docs/CUDA.md):
+# the GPU tests, CPU vs GPU through the CLI, then batch-64 decode at 8K stored
+# tokens per sequence on a random Llama-3.1-8B-shaped model (LAYERS of them),
+# fp16 vs int4 KV, side by side with transformers (fp16 SDPA, static cache) and
+# the memory bandwidth, in this one command. Run from a folder with prebuilt/
+# (posttrainllm, cuda_backend_test built elsewhere with
+# -DPTLLM_SHARED_DIR=/tmp/ptllm-shared-lite; lib.tar.gz: the .so files the
+# device lacks), shared-lite/ (fixtures, stories260K, text.txt) and
+# cuda_batch_anchor.py. PART=tests|micro|bench|all (default all). Results go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PART=${PART:-all}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
+ln -sfn "$PWD/shared-lite" /tmp/ptllm-shared-lite
+B=prebuilt
+[ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
+# cuBLAS (loaded at run time by the GEMM path): the toolkit's, else the one PyTorch's wheels bring.
+CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)
+SITES="$(python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null) /usr/local/lib /opt"
+for v in 13 12; do
+  [ -n "$CUB" ] && break
+  for d in $SITES; do CUB=$(find "$d" -name "libcublas.so.$v" 2>/dev/null | head -1); [ -n "$CUB" ] && break; done
+done
+[ -n "$CUB" ] && export PTLLM_CUBLAS=$CUB
+echo "cuBLAS: ${CUB:-none found}"; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+export LD_LIBRARY_PATH=$PWD/$B/lib:${CUB:+$(dirname "$CUB"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+if ! $B/posttrainllm --help >/dev/null 2>&1; then
+  echo "prebuilt binaries do not run here"; ldd $B/posttrainllm | grep "not found"; exit 1
+fi
+if [ "$PART" != bench ]; then
+  echo "== tests (defaults: cuBLAS from 16 rows, batched attention launches from 2 sequences)"
+  timeout 240 $B/cuda_backend_test --gtest_color=no 2>&1 | grep -v "^\[ RUN\|Google Test trace" |
+    tee "$OUT/tests.txt" | grep -v "^\[       OK\|^$"
+  echo "== the same model-level tests on the previous paths (GEMV only, per-sequence launches)"
+  PTLLM_CUDA_GEMM_ROWS=0 PTLLM_CUDA_BATCH_LAUNCH=0 timeout 200 $B/cuda_backend_test --gtest_color=no \
+    --gtest_filter='*Batch*:*Stories260K*:*Llama*:*Qwen*:*Mistral*:*TinyGpt*' 2>&1 |
+    grep -v "^\[ RUN\|Google Test trace" | tee "$OUT/tests_old_paths.txt" | grep -v "^\[       OK\|^$"
+  M=shared-lite/models/stories260K
+  KIVI="--kivi-group 8 --kivi-residual 16"
+  echo "== sample cpu vs cuda (stories260K, greedy)"
+  i=0
+  for q in "--kv-quantize fp16" "--kv-quantize int4 $KIVI" \
+           "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" "--kv-quantize int8"; do
+    i=$((i + 1))
+    $B/posttrainllm sample $M -p "Once upon a time" -n 100 -t 0 $q > "$OUT/s${i}_cpu.txt" 2>/dev/null
+    $B/posttrainllm sample $M -p "Once upon a time" -n 100 -t 0 $q --device cuda > "$OUT/s${i}_gpu.txt" 2>/dev/null
+    cmp -s "$OUT/s${i}_cpu.txt" "$OUT/s${i}_gpu.txt" && echo "[$q] sample text identical" ||
+      { echo "[$q] differs:"; diff "$OUT/s${i}_cpu.txt" "$OUT/s${i}_gpu.txt" | head -6; }
+  done
+  echo "== perplexity through the cache, real text (stories260K, 4 windows of 256: prefill chunks through cuBLAS)"
+  for q in "fp16" "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"; do
+    for dev in cpu cuda; do
+      r=$($B/posttrainllm perplexity $M shared-lite/text.txt -w 256 -k 4 --cache-only -q --json --device $dev \
+          --kv-quantize $q 2>&1 | tr -d '\n')
+      echo "$dev [$q] $r" >> "$OUT/ppl.jsonl"
+      echo "$r" | python3 -c "import json,sys; r=json.load(sys.stdin)['results'][0]['through_cache']; print('$dev', '[$q]', 'ppl', repr(r['ppl']))" 2>/dev/null || echo "$dev [$q] $r" | cut -c1-300
+    done
+  done
+fi
+[ "$PART" = tests ] && exit 0
+if [ "$PART" = micro ] || [ "$PART" = all ]; then
+  echo "== decode attention alone (one layer, 8 KV heads x 128, 32 query heads), CUDA events"
+  timeout 200 $B/cuda_attn_bench ${DEPTHS:-32768} 2>&1 | tee -a "$OUT/attn.jsonl"
+  echo "== Llama-3.2-1B shape, batch 1 (goal: >= 70% of bandwidth)"
+  $B/posttrainllm make-random /tmp/l1b.gguf --preset llama-3.2-1b --type bf16 2>&1 | tail -1
+  for kv in fp16 int4; do
+    r=$(timeout 100 $B/posttrainllm bench /tmp/l1b.gguf --device cuda --kv-quantize $kv -p 0 -n 128 -r 3 -d 0 --json 2>&1 | tr -d '\n')
+    echo "1b b1 d0 $kv $r" >> "$OUT/bench_1b.jsonl"
+    echo "$r" | python3 -c "import json,sys; d=json.load(sys.stdin)['decode']; print('1b b1 d0 $kv tok/s %.1f +- %.1f read %.0f GB/s' % (d['tps_mean'], d['tps_sd'], d['achieved_read_gb_per_s']))" 2>/dev/null || echo "$r" | cut -c1-300
+  done
+  [ "$PART" = micro ] && exit 0
+fi
+show() {  # one bench JSON line -> a summary
+  python3 -c "
+import json,sys
+j=json.loads(sys.stdin.read()); d=j['decode']
+print('%-34s tok/s %8.1f +- %6.1f  ms/step %7.2f  cache/seq %s  device/seq %s  read %.0f GB/s' % ('$1', d['tps_mean'], d['tps_sd'], d.get('ms_per_step', 1000/d['tps_mean']), d['cache_bytes_at_end'], d.get('device_bytes_per_sequence'), d['achieved_read_gb_per_s']))" 2>/dev/null || cut -c1-400
+}
+bench() {  # name, args...
+  local name=$1; shift
+  r=$(timeout 200 $B/posttrainllm bench /tmp/l8b.gguf --device cuda -p 0 --json "$@" 2>&1 | tr -d '\n')
+  echo "$name $r" >> "$OUT/bench.jsonl"; echo "$r" | show "$name"
+}
+echo "== Llama-3.1-8B shape, $LAYERS layers, bf16 weights, random"
+/usr/bin/time -f "make-random %e s" $B/posttrainllm make-random /tmp/l8b.gguf --preset llama-3.1-8b --layers $LAYERS --type bf16 2>&1 | tail -2
+echo "== batch 64, 8192 stored tokens per sequence (first filled by prefill, the other 63 device copies of it)"
+uptime
+for round in 1 2; do
+  bench "b64 d8192 fp16 (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize fp16
+  bench "b64 d8192 int4 G32 R128 (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize int4
+  [ $round = 1 ] && { echo "== transformers fp16 SDPA static cache, same shape, batch 64, depth 8192";
+    timeout 300 python3 cuda_batch_anchor.py $LAYERS 64 8192 $((GEN + 4)) 2>&1 | grep -v Warning | tee -a "$OUT/anchor.jsonl"; }
+done
+echo "== the previous paths at batch 64 (GEMV, per-sequence launches), fp16 and int4"
+PTLLM_CUDA_GEMM_ROWS=0 PTLLM_CUDA_BATCH_LAUNCH=0 bench "b64 d8192 fp16 old paths" --batch 64 -d 8192 -n 8 -r 2 --kv-quantize fp16
+PTLLM_CUDA_GEMM_ROWS=0 PTLLM_CUDA_BATCH_LAUNCH=0 bench "b64 d8192 int4 old paths" --batch 64 -d 8192 -n 8 -r 2 --kv-quantize int4
+echo "== memory per sequence at 8192 tokens (device allocation), the other modes"
+bench "b2 d8192 int2 G32 R128" --batch 2 -d 8192 -n 4 -r 1 --kv-quantize int2
+bench "b2 fp16 sink 4 + window 2044" --batch 2 -d 64 -n 4 -r 1 --kv-quantize fp16 --streaming-llm-sink 4 --streaming-llm-window 2044
+bench "b2 int4 sink 4 + window 2044" --batch 2 -d 64 -n 4 -r 1 --kv-quantize int4 --streaming-llm-sink 4 --streaming-llm-window 2044
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv
