@@ -25,6 +25,7 @@ struct BenchOpts {
   std::vector<int64_t> interleave;
   bool json = false, no_warmup = false;
   int threads = 0;
+  std::string weights;  // --weights
   DeviceOpts device;
   CacheSpec cache;
 };
@@ -143,7 +144,7 @@ void run(BenchOpts& o) {
   o.bench.warmup = !o.no_warmup;
   apply_threads(o.threads);
   const std::string path = o.model.empty() ? default_model_path() : o.model;
-  LoadedModel lm = load_model(path);
+  LoadedModel lm = load_model_opts(path, o.weights);
   const DeviceGuard device = apply_device(*lm.model, o.device);
   if (!o.interleave.empty() && o.bench.batch > 1) fail("--batch {}: not with --interleave-depths", o.bench.batch);
   if (!o.interleave.empty())
@@ -176,6 +177,7 @@ void add_bench_command(CLI::App& root) {
   cmd->add_flag("--no-warmup", o->no_warmup, "Skip the untimed warm-up repetition");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   add_threads_flag(cmd, o->threads);
+  add_weights_flag(cmd, o->weights);
   add_device_flags(cmd, o->device);
   add_cache_flags(cmd, o->cache);
   cmd->callback([o] { run(*o); });

@@ -64,6 +64,7 @@ struct CompareOpts {
   bool json = false, csv = false, quiet = false;
   eval::SweepFlags sweep;
   int threads = 0;
+  std::string weights;  // --weights
 };
 
 eval::Table match_table(const std::vector<std::string>& prompts, const std::vector<std::string>& labels,
@@ -109,7 +110,7 @@ void run_compare(CompareOpts& o) {
   const std::vector<std::string> labels = spec_labels(settings);
   const std::vector<std::string> prompts = read_prompts(o.prompts);
   apply_threads(o.threads);
-  LoadedModel lm = load_model(o.model);
+  LoadedModel lm = load_model_opts(o.model, o.weights);
   std::vector<eval::Ids> prompt_ids;
   for (const auto& p : prompts) prompt_ids.push_back(encode_prompt(lm, p, /*add_bos=*/true));
   eval::Progress bar("greedy decoding", int64_t(prompts.size() * (settings.size() + 1)) * o.tokens, !o.quiet);
@@ -142,6 +143,7 @@ void add_compare_command(CLI::App& root) {
   cmd->add_flag("--csv", o->csv, "Print the table as CSV");
   cmd->add_flag("--quiet,-q", o->quiet, "No progress bar");
   add_threads_flag(cmd, o->threads);
+  add_weights_flag(cmd, o->weights);
   cmd->callback([o] { run_compare(*o); });
 }
 

@@ -21,7 +21,7 @@ void add_convert_command(CLI::App& root) {
   cmd->add_option("src", o->src, "Hugging Face folder or .tinygpt file")->required();
   cmd->add_option("dst", o->dst, "Output .tinygpt file or folder")->required();
   cmd->add_option("--dtype", o->dtype, "Store tensors as f32, f16 or bf16 (default: keep each tensor's dtype)");
-  cmd->add_option("--type", o->type, "GGUF output: weights as f32, f16, bf16, q8_0, q4_0, q4_k or q6_k (default f16)");
+  cmd->add_option("--type", o->type, "GGUF output: weights as f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k (default f16)");
   cmd->callback([o] {
     std::optional<DType> dt;
     if (o->dtype == "f32") dt = DType::F32;

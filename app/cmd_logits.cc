@@ -12,7 +12,7 @@ namespace ptllm::cli {
 
 void add_logits_command(CLI::App& root) {
   struct Opts {
-    std::string model, ids, out;
+    std::string model, ids, out, weights;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();
@@ -21,10 +21,11 @@ void add_logits_command(CLI::App& root) {
   cmd->add_option("--ids", o->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", o->out, "Output .safetensors file (tensor \"logits\", f32)")->required();
   add_threads_flag(cmd, o->threads);
+  add_weights_flag(cmd, o->weights);
   cmd->callback([o] {
     apply_threads(o->threads);
     const auto ids = parse_id_list(o->ids, "--ids");
-    LoadedModel lm = load_model(o->model);
+    LoadedModel lm = load_model_opts(o->model, o->weights);
     const auto& c = lm.model->config();
     if (int64_t(ids.size()) > c.max_position)
       fail("--ids: {} tokens is longer than the context of {} tokens", ids.size(), c.max_position);

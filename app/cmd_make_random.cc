@@ -19,7 +19,7 @@ void add_make_random_command(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand("make-random", "Write a random-weight Llama GGUF (weights N(0, 0.02), norms 1)");
   cmd->add_option("out", o->out, "Output .gguf file")->required();
   cmd->add_option("--preset", o->preset, "llama-3.2-1b or llama-3.1-8b")->required();
-  cmd->add_option("--type", o->type, "Weights as f32, f16, bf16, q8_0, q4_0, q4_k or q6_k (default f16)");
+  cmd->add_option("--type", o->type, "Weights as f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k (default f16)");
   cmd->add_option("--vocab", o->vocab, "Vocabulary size (default: the preset's 128256; at least 259)");
   cmd->add_option("--layers", o->layers, "Number of layers (default: the preset's)");
   cmd->add_option("--seed", o->seed, "RNG seed (default 1; the same seed writes the same file)");

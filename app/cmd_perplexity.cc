@@ -80,6 +80,7 @@ struct PplOpts {
   bool llama_cpp = false, kl = false;
   eval::SweepFlags sweep;
   int threads = 0;
+  std::string weights;  // --weights
   DeviceOpts device;
 };
 
@@ -376,7 +377,7 @@ void run_perplexity(const PplOpts& o) {
   std::vector<CacheSpec> settings = eval::expand_sweep(o.sweep);
   if (o.kl) settings = with_references(settings);
   apply_threads(o.threads);
-  LoadedModel lm = load_model(o.model);
+  LoadedModel lm = load_model_opts(o.model, o.weights);
   const DeviceGuard device = apply_device(*lm.model, o.device);
   std::vector<std::string> names;
   const std::vector<eval::Ids> inputs = read_inputs(o, lm, names);
@@ -450,6 +451,7 @@ void add_perplexity_command(CLI::App& root) {
   cmd->add_option("--plot-bin", o->bin, "Positions per plotted point (default 128)");
   cmd->add_flag("--quiet,-q", o->quiet, "No progress bar");
   add_threads_flag(cmd, o->threads);
+  add_weights_flag(cmd, o->weights);
   add_device_flags(cmd, o->device);
   cmd->callback([o] { run_perplexity(*o); });
 }

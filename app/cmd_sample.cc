@@ -30,6 +30,7 @@ struct SampleOpts {
   int64_t seed = -1;
   bool json = false, ignore_eos = false, no_bos = false;
   int threads = 0;
+  std::string weights;  // --weights
   DeviceOpts device;
   int64_t report_every = 0;
   CacheSpec cache;
@@ -129,7 +130,7 @@ void run_sample(const SampleOpts& o) {
   validate(go.sampler);
   apply_threads(o.threads);
   const std::string path = o.model.empty() ? default_model_path() : o.model;
-  LoadedModel lm = load_model(path);
+  LoadedModel lm = load_model_opts(path, o.weights);
   const DeviceGuard device = apply_device(*lm.model, o.device);
   const std::vector<int32_t> prompt = encode_prompt(lm, o.prompt, !o.no_bos);
   Session session(lm, make_model_cache(*lm.model, o.cache, int64_t(prompt.size()) + o.tokens));
@@ -185,6 +186,7 @@ void add_sample_command(CLI::App& root) {
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");
   cmd->add_flag("--json", o->json, "Print one JSON object (ids, text, stats) instead of streaming text");
   add_threads_flag(cmd, o->threads);
+  add_weights_flag(cmd, o->weights);
   add_device_flags(cmd, o->device);
   add_cache_flags(cmd, o->cache);
   cmd->add_option("--report-every", o->report_every,

@@ -59,6 +59,7 @@ struct ServeOpts {
   std::string model, kv_budget = "256MiB", chat_template, max_body = "4MiB";
   int64_t max_sequences = 16, max_queue = 64, prefill_chunk = 64;
   int threads = 0, http_threads = 0;
+  std::string weights;  // --weights
   DeviceOpts device;
   serve::ServerOptions server;
   CacheSpec cache;
@@ -89,7 +90,7 @@ void serve_main(ServeOpts& o) {
   o.server.cache_defaults = o.cache;
   apply_threads(o.threads);
   const std::string path = o.model.empty() ? default_model_path() : o.model;
-  LoadedModel lm = load_model(path);
+  LoadedModel lm = load_model_opts(path, o.weights);
   const DeviceGuard device = apply_device(*lm.model, o.device);
   if (!lm.tokenizer) fail("{}: no tokenizer.json beside the model (the server decodes text)", path);
   o.server.model_name = std::filesystem::path(path).filename().string();
@@ -139,6 +140,7 @@ void add_serve_command(CLI::App& root) {
                   "Connections served at once (default max(64, max-sequences + max-queue + 16))")
       ->check(CLI::NonNegativeNumber);
   add_threads_flag(cmd, o->threads);
+  add_weights_flag(cmd, o->weights);
   add_device_flags(cmd, o->device);
   add_cache_flags(cmd, o->cache);
   cmd->callback([o] { serve_main(*o); });

@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 #include "cuda/backend.h"
+#include "engine/session.h"
+#include "model/gguf_convert.h"
 #include "ops/ops.h"
 
 namespace ptllm::cli {
@@ -29,6 +31,19 @@ void add_threads_flag(CLI::App* cmd, int& threads) {
 }
 
 void apply_threads(int threads) { ops::set_num_threads(threads); }
+
+void add_weights_flag(CLI::App* cmd, std::string& weights) {
+  cmd->add_option("--weights", weights,
+                  "Quantise the weight matrices on load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (or f16, "
+                  "bf16, f32); as `convert --type` stores them (default: as in the file)");
+}
+
+LoadedModel load_model_opts(const std::string& path, const std::string& weights) {
+  LoadOptions opt;
+  // Parsed before the (slow) load so a bad value fails at once.
+  if (!weights.empty()) opt.weights = parse_gguf_type(weights, "--weights");
+  return load_model(path, opt);
+}
 
 void add_device_flags(CLI::App* cmd, DeviceOpts& o) {
   cmd->add_option("--device", o.device, "Where the model runs: cpu (default) or cuda");

@@ -7,6 +7,7 @@
 
 namespace ptllm {
 class Model;
+struct LoadedModel;
 }
 
 namespace ptllm::cli {
@@ -16,6 +17,12 @@ std::vector<int32_t> parse_id_list(const std::string& s, const std::string& flag
 // Adds --threads to a command; apply_threads() sets the kernel thread count.
 void add_threads_flag(CLI::App* cmd, int& threads);
 void apply_threads(int threads);
+
+// --weights TYPE: the model's matrices quantised (re-encoded) on load, as
+// `convert --type TYPE` would store them; "" = as stored. load_model_opts()
+// is how every command that takes --weights loads its model.
+void add_weights_flag(CLI::App* cmd, std::string& weights);
+LoadedModel load_model_opts(const std::string& path, const std::string& weights);
 
 // --device cpu|cuda and --device-weights auto|f32|bf16|f16 (src/cuda/backend.h).
 struct DeviceOpts {

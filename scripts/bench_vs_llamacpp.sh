@@ -27,8 +27,8 @@ BIN="$BUILD/app/posttrainllm"
 for spec in "$@"; do
   for f in ${spec/:/ }; do [ -f "$f" ] || { echo "bench_vs_llamacpp: $f: no such file" >&2; exit 2; }; done
 done
-raw=$(mktemp)
-trap 'rm -f "$raw"' EXIT
+# With JSON=FILE the raw runs go to FILE as they finish (kept if the run is cut short).
+if [ -n "${JSON:-}" ]; then raw=$JSON; : >"$raw"; else raw=$(mktemp); trap 'rm -f "$raw"' EXIT; fi
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
      "P=$P N=$N R=$R ROUNDS=$ROUNDS THREADS=$THREADS LLAMA_THREADS=\"$LLAMA_THREADS\"" >&2
 ours() { "$BIN" bench "$1" -p "$P" -n "$N" -r "$R" --threads "$THREADS" --json 2>/dev/null | python3 -c "
@@ -56,7 +56,6 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round/$ROUNDS: $spec done" >&2
   done
 done
-[ -n "${JSON:-}" ] && cp "$raw" "$JSON"
 python3 - "$raw" "$P" "$N" "$@" <<'EOF'
 import json, os, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]

@@ -29,7 +29,7 @@ std::string default_model_path() {
   return "models/flagship-27m.tinygpt";
 }
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   if (!file_exists(path) && !is_directory(path)) fail("{}: no such file or folder", path);
   LoadedModel lm;
   if (is_directory(path)) {
@@ -48,6 +48,7 @@ LoadedModel load_model(const std::string& path) {
   } else {
     fail("{}: expected a model folder (config.json + safetensors), a .tinygpt or a .gguf file", path);
   }
+  if (opt.weights) lm.model = Model::with_weight_type(std::move(lm.model), *opt.weights);
   const auto& c = lm.model->config();
   lm.eos_ids = c.eos_ids;
   lm.bos_id = c.bos_id;

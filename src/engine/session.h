@@ -23,7 +23,12 @@ struct LoadedModel {
   int32_t bos_id = -1;
   bool add_bos = true;  // GGUF: tokenizer.ggml.add_bos_token (default true)
 };
-LoadedModel load_model(const std::string& path);
+struct LoadOptions {
+  // `--weights`: every 2-D weight re-encoded as this type on load
+  // (Model::with_weight_type); nullopt = as stored in the file.
+  std::optional<DType> weights;
+};
+LoadedModel load_model(const std::string& path, const LoadOptions& opt = {});
 // The bundled default model (models/flagship-27m.tinygpt in the repo the executable was built in, or $PTLLM_MODEL).
 std::string default_model_path();
 

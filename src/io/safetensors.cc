@@ -131,6 +131,15 @@ void TensorStore::add_view(const std::string& name, TensorView view, std::shared
   view_source_[name] = source;
 }
 
+void TensorStore::replace_view(const std::string& name, TensorView view, std::shared_ptr<const void> owner,
+                               const std::string& source) {
+  if (!tensors_.count(name)) fail("{}: no tensor {} to replace", source, name);
+  owners_.push_back(std::move(owner));
+  tensors_[name] = std::move(view);
+  file_of_.erase(name);
+  view_source_[name] = source;
+}
+
 TensorStore TensorStore::open_hf_dir(const std::string& dir) {
   TensorStore store;
   const std::string index = dir + "/model.safetensors.index.json";

@@ -34,6 +34,10 @@ class TensorStore {
   // re-ordered copy of a tensor); `source` names it in error messages.
   void add_view(const std::string& name, TensorView view, std::shared_ptr<const void> owner,
                 const std::string& source);
+  // Replaces an existing tensor by a view into memory `owner` keeps alive (the
+  // re-encoded weights of `--weights`); throws when `name` is absent.
+  void replace_view(const std::string& name, TensorView view, std::shared_ptr<const void> owner,
+                    const std::string& source);
 
  private:
   std::vector<std::unique_ptr<MappedFile>> files_;

@@ -97,11 +97,17 @@ void encode_rows(const TensorView& src, int64_t row0, int64_t n_rows, DType type
 
 DType parse_gguf_type(const std::string& s, const std::string& flag) {
   static const std::pair<const char*, DType> types[] = {
-      {"f32", DType::F32}, {"f16", DType::F16}, {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
-      {"q4_0", DType::Q4_0}, {"q4_k", DType::Q4_K}, {"q6_k", DType::Q6_K}};
+      {"f32", DType::F32},   {"f16", DType::F16},   {"bf16", DType::BF16}, {"q8_0", DType::Q8_0},
+      {"q4_0", DType::Q4_0}, {"q4_1", DType::Q4_1}, {"q5_0", DType::Q5_0}, {"q5_1", DType::Q5_1},
+      {"q4_k", DType::Q4_K}, {"q5_k", DType::Q5_K}, {"q6_k", DType::Q6_K}};
   for (const auto& [n, t] : types)
     if (s == n) return t;
-  fail("{} {}: expected one of f32, f16, bf16, q8_0, q4_0, q4_k, q6_k", flag, s);
+  fail("{} \"{}\": expected one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k", flag,
+       s);
+}
+
+DType matrix_storage_type(int64_t cols, DType requested) {
+  return uint64_t(cols) % block_elems(requested) == 0 ? requested : DType::F16;
 }
 
 uint32_t gguf_file_type(DType t) {
@@ -209,8 +215,7 @@ void convert_to_gguf(const std::string& in, const std::string& out_path, const G
     if (!store.has(hf)) continue;  // biases of models without them
     const TensorView src = store.get(hf);
     const int64_t cols = cols_of(src);
-    DType type = src.shape.size() == 1 ? DType::F32 : opt.type;
-    if (uint64_t(cols) % block_elems(type) != 0) type = DType::F16;
+    const DType type = src.shape.size() == 1 ? DType::F32 : matrix_storage_type(cols, opt.type);
     std::function<int64_t(int64_t)> row_of;
     const bool q = hf.find("q_proj") != std::string::npos, k = hf.find("k_proj") != std::string::npos;
     if (permute && (q || k)) {

@@ -34,6 +34,10 @@ void convert_gguf_to_hf(const std::string& in, const std::string& out_dir, std::
 void write_gguf_model_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name, DType type);
 // "f16", "q4_k", ... -> DType; `flag` names the option in the error.
 DType parse_gguf_type(const std::string& s, const std::string& flag);
+// What a 2-D weight of `cols` columns is stored as when `requested` is asked
+// for: `requested`, or F16 when a row is not whole blocks of it. The one rule
+// for `convert --type` and `--weights` (Model::with_weight_type).
+DType matrix_storage_type(int64_t cols, DType requested);
 // llama.cpp's general.file_type (LLAMA_FTYPE) for a weight type.
 uint32_t gguf_file_type(DType type);
 // A minimal SentencePiece-style vocabulary that every GGUF reader accepts:

@@ -31,6 +31,12 @@ class Model {
   // Loads a .tinygpt file (model/tinygpt.cc); the embedded tokenizer.json, if
   // any, is returned through tokenizer_json.
   static std::unique_ptr<Model> load_tinygpt(const std::string& path, std::string* tokenizer_json);
+  // `--weights`: the same model with every 2-D weight re-encoded as `type` (a
+  // block type, F16, BF16 or F32), row by row as `convert --type` encodes it
+  // (matrix_storage_type: F16 where a row is not whole blocks), so the logits
+  // equal those of the GGUF file `convert --type` writes. Weights already of
+  // that type are kept as they are; 1-D tensors (norms, biases) too. Consumes m.
+  static std::unique_ptr<Model> with_weight_type(std::unique_ptr<Model> m, DType type);
   // Builds from an already-parsed config and a tensor store using HF tensor names.
   Model(ModelConfig config, TensorStore store, std::string source);
 

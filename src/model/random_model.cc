@@ -78,7 +78,7 @@ void write_random_gguf(const std::string& path, const RandomModelOptions& opt) {
   const int64_t H = c.hidden_size, F = c.intermediate_size, QD = c.n_heads * c.head_dim,
                 KD = c.n_kv_heads * c.head_dim;
   auto weight = [&](const std::string& name, int64_t rows, int64_t cols) {
-    const DType t = uint64_t(cols) % block_elems(opt.type) == 0 ? opt.type : DType::F16;
+    const DType t = matrix_storage_type(cols, opt.type);
     w.add_tensor_stream(name, t, {rows, cols}, [=, seed = opt.seed, std = opt.std](const GgufWriter::Emit& emit) {
       constexpr int64_t kPiece = 64;  // rows generated per write
       const size_t row_bytes = storage_bytes(t, size_t(cols));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -161,6 +162,25 @@ TEST(Cli, CacheTablePlanner) {
   expect_error("cache-table " + kStories + " --budget 64XB --length 300", "--budget 64XB: expected a byte count");
   expect_error("cache-table " + kStories + " --budget 200KiB", "--length 0: expected a token count >= 1");
   expect_error("cache-table " + kStories + " --length 300", "--length / --quality: expected with --budget");
+}
+
+TEST(Cli, WeightsFlag) {
+  // A bad --weights is one line naming the flag and the value, on every
+  // command that loads a model through load_model_opts.
+  const std::string text = test::repo_dir() + "/README.md";
+  for (const std::string& args : {"sample " + kStories + " --prompt hi", "bench " + kStories + " -p 4 -n 2 -r 1",
+                                  "logits " + kStories + " --ids 1 --out /tmp/ptllm_never.safetensors",
+                                  "perplexity " + kStories + " " + text}) {
+    Result r = run(args + " --weights q9_9");
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_EQ(r.out.find("error: --weights \"q9_9\": expected one of f32, f16, bf16, q8_0"), 0u) << args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+  }
+  Result r = run("sample " + kStories + " --weights q8_0 --prompt 'Once upon a time' --tokens 8 --temperature 0");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string out = std::filesystem::temp_directory_path() / "ptllm_cli_logits_q4k.safetensors";
+  r = run("logits " + kStories + " --weights q4_k --ids 1,403,407 --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
 }
 
 TEST(Cli, LogitsWritesSafetensors) {

@@ -251,6 +251,74 @@ TEST(GgufModel, LlamaCppQuantisedFlagshipRuns) {
   }
 }
 
+// `--weights TYPE` (LoadOptions::weights) quantises a bf16 folder's matrices
+// on load. The reference is the other route to the same weights: our `convert
+// --type TYPE` GGUF file (written, re-read, Q/K rows permuted and un-permuted),
+// whose logits must be bit-identical: the same rows quantised by the same
+// quantiser, multiplied by the same kernels. That the weights really are
+// quantised: the dtype, and logits that differ from bf16's.
+TEST(GgufModel, WeightsOnLoadEqualConvertedGguf) {
+  const std::string dir = test::repo_dir() + "/models/flagship-27m";
+  const auto ids = some_ids(40, 32000);
+  const auto ref = full_logits(*Model::load_hf(dir), ids);
+  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    const std::string name(dtype_name(t));
+    const std::string out = tmp_path("flagship-weights-" + name + ".gguf");
+    GgufConvertOptions opt;
+    opt.type = t;
+    opt.write_tokenizer = [](GgufWriter& w, const std::string& tok) { write_gguf_tokenizer(tok, "", w); };
+    convert_to_gguf(dir, out, opt);
+    const auto from_gguf = full_logits(*load_gguf_model(out), ids);
+    std::filesystem::remove(out);
+    LoadOptions lo;
+    lo.weights = t;
+    LoadedModel lm = load_model(dir, lo);
+    EXPECT_EQ(lm.model->tensors().get("model.layers.0.self_attn.q_proj.weight").dtype, t) << name;
+    EXPECT_EQ(lm.model->tensors().get("model.embed_tokens.weight").dtype, t) << name;  // tied: the output too
+    EXPECT_EQ(lm.model->tensors().get("model.norm.weight").dtype, DType::BF16) << name;  // 1-D kept
+    EXPECT_NE(lm.model->tensors().source_of("model.embed_tokens.weight").find("(--weights: "), std::string::npos);
+    const auto on_load = full_logits(*lm.model, ids);
+    EXPECT_EQ(on_load, from_gguf) << name;
+    const double d = rel_diff(on_load, ref);
+    std::printf("--weights %s: max|dlogit| / max|logit| vs bf16 = %.3g\n", name.c_str(), d);
+    EXPECT_GT(d, 0.0) << name;
+    // Measured 0.062, 0.53, 0.38, 0.13 (every matrix incl. the tied output at
+    // the one type; llama.cpp's q8_0/q4_k_m/q4_0 files: 0.065, 0.28, 0.51).
+    const double bound = t == DType::Q8_0 ? 0.1 : t == DType::Q6_K ? 0.2 : t == DType::Q4_K ? 0.5 : 0.7;
+    EXPECT_LE(d, bound) << name;
+  }
+}
+
+// The tiny fixtures: rows that are not whole blocks fall back to F16 exactly
+// as convert does; Qwen2's biases and unpermuted rows; a file already of the
+// type is left as it is.
+TEST(GgufModel, WeightsOnLoadFixturesAndNoOp) {
+  for (const std::string fx : {"llama-gqa-tied", "qwen2-qkv-bias"}) {
+    const std::string dir = test::fixture("hf/" + fx), out = tmp_path(fx + "-q8_0.gguf");
+    GgufConvertOptions opt;
+    opt.type = DType::Q8_0;
+    opt.write_tokenizer = [](GgufWriter&, const std::string&) {};
+    convert_to_gguf(dir, out, opt);
+    auto gg = load_gguf_model(out);
+    LoadOptions lo;
+    lo.weights = DType::Q8_0;
+    LoadedModel lm = load_model(dir, lo);
+    const auto ids = some_ids(12, int(gg->config().vocab_size));
+    EXPECT_EQ(full_logits(*lm.model, ids), full_logits(*gg, ids)) << fx;
+    for (const auto& [n, v] : lm.model->tensors().all())
+      if (v.shape.size() == 2) EXPECT_EQ(v.dtype, matrix_storage_type(v.shape[1], DType::Q8_0)) << fx << " " << n;
+  }
+  const std::string q8 = test::shared_dir() + "/models/flagship-27m-gguf/flagship-q8_0.gguf";
+  LoadOptions lo;
+  lo.weights = DType::Q8_0;
+  LoadedModel a = load_model(q8), b = load_model(q8, lo);
+  const std::string up = "model.layers.3.mlp.up_proj.weight";
+  EXPECT_EQ(b.model->tensors().source_of(up), a.model->tensors().source_of(up));  // kept, not re-encoded
+  EXPECT_EQ(b.model->tensors().source_of(up).find("--weights"), std::string::npos);
+  const auto ids = some_ids(8, 32000);
+  EXPECT_EQ(full_logits(*b.model, ids), full_logits(*a.model, ids));
+}
+
 TEST(GgufModel, ConfigErrorsNameFileAndKey) {
   const std::string p = tmp_path("bad_arch.gguf");
   {
