@@ -7,13 +7,13 @@
 // shows it is reached. An unbounded cache stops at the model's context
 // (finish_reason "length" with fewer tokens), as it must.
 // Usage: node scripts/serve_budget.mjs [--bin build/app/posttrainllm] [--model M]
-//        [--budget 64MiB] [--tokens 2000] [--extra 4] [--threads 2] [--modes all|name,name]
+//        [--budget 64MiB] [--tokens 2000] [--extra 4] [--threads 2] [--http-threads 72] [--modes all|name,name]
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { forEachEvent, scrapeMetrics } from './lib/serve_client.mjs';
 
 const opt = { bin: 'build/app/posttrainllm', model: '', budget: '64MiB', tokens: 2000, extra: 4,
-              threads: 2, modes: 'all' };
+              threads: 2, modes: 'all', 'http-threads': 72 };
 const args = process.argv.slice(2);
 for (let i = 0; i < args.length; i += 2) {
   const k = args[i].replace(/^--/, '');
@@ -42,9 +42,15 @@ const rssMiB = (pid) => {
 const scrape = scrapeMetrics;
 const sumPrefix = (m, prefix) => Object.entries(m).filter(([k]) => k.startsWith(prefix)).reduce((s, [, v]) => s + v, 0);
 
+// --http-threads: with --max-sequences/--max-queue 4096 the default pool is 8,208 threads, and
+// the /metrics polls (4 a second) land on a different idle thread each time (the pool's condition
+// variable wakes the longest waiter), each touched for the first time: ~40 KiB of RSS a poll,
+// which is the pool warming up, not the server growing. A pool just above the users (--http-threads,
+// default 72) warms up in the first seconds.
 function startServer(flags) {
   const argv = ['serve', ...(opt.model ? [opt.model] : []), '--port', '0', '--kv-budget', opt.budget,
-                '--threads', String(opt.threads), '--max-sequences', '4096', '--max-queue', '4096', ...flags];
+                '--threads', String(opt.threads), '--max-sequences', '4096', '--max-queue', '4096',
+                '--http-threads', String(opt['http-threads']), ...flags];
   const p = spawn(opt.bin, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
   return new Promise((resolve, reject) => {
     let err = '';
@@ -76,6 +82,7 @@ for (const name of names) {
   const srv = await startServer(MODES[name]);
   const capacity = Math.floor(srv.budget / srv.need);
   const users = capacity + opt.extra;
+  if (users + 2 > opt['http-threads']) { srv.p.kill('SIGTERM'); console.error(`serve_budget: ${users} users need --http-threads ${users + 2} or more`); process.exit(2); }
   let peak = 0, peakBytes = 0, done = false;
   const rss = [];
   const poll = (async () => {

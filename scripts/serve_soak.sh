@@ -7,7 +7,7 @@
 # finished request's full cache (so has reached its largest size): growth past
 # it is a leak. A request's cache grows with its tokens, so at 16 streams a
 # slow machine needs more than a minute for that.
-#   SECONDS_TOTAL=600 CONCURRENCY=16 scripts/serve_soak.sh [extra serve flags]
+#   SECONDS_TOTAL=600 CONCURRENCY=16 [RSS_OUT=FILE] scripts/serve_soak.sh [extra serve flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/app/posttrainllm}
@@ -30,6 +30,7 @@ for _ in $(seq 100); do url=$(grep -o 'http://[0-9.]*:[0-9]*' "$work/serve.log" 
     echo "$t $(awk '/VmRSS|RssAnon/ {printf "%s ", $2}' /proc/$pid/status)" >>"$work/rss.txt"; sleep 10; t=$((t + 10)); done ) &
 node scripts/serve_load.mjs "$url" --concurrency "$C" --requests 100000000 --max-tokens 200 --seconds "$S" | tee "$work/load.json"
 kill -TERM "$pid"; wait "$pid"; rc=$?
+[ -n "${RSS_OUT:-}" ] && cp "$work/rss.txt" "$RSS_OUT"  # t s, VmRSS kB, RssAnon kB every 10 s
 python3 - "$work/rss.txt" "$work/load.json" "$SLACK_MIB" "$rc" "$S" <<'PY'
 import json, sys
 rss = [tuple(map(int, l.split())) for l in open(sys.argv[1]) if len(l.split()) == 3]  # t, VmRSS kB, RssAnon kB

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/uninit_vector.h"
 #include "kv/cache_spec.h"
 #include "kv/grouped_store.h"
 #include "ops/ops.h"
@@ -122,7 +123,7 @@ class PlainStore : public KVStore {
   }
   int64_t sink_cap_;
   RowRing ring_;            // the non-sink rows [sink_cap_, capacity)
-  std::vector<Elem> data_;  // [n_heads, capacity, head_dim]
+  uninit_vector<Elem> data_;  // [n_heads, capacity, head_dim]; rows past len_ never read
 };
 
 kivi::QuantRange range_of(KVStorage s) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/uninit_vector.h"
 #include "kv/quant.h"
 
 namespace ptllm {
@@ -112,7 +113,7 @@ class KiviCodeStore : public KVStore {
 
   kivi::QuantRange r_;
   size_t row_;  // bytes per packed row
-  std::vector<uint8_t> codes_;
+  uninit_vector<uint8_t> codes_;  // rows past len_ never read
   std::vector<kivi::AffineParams> params_;
 };
 

@@ -61,7 +61,7 @@ class StorageKVCache : public KVCache {
   void ensure_slot_table(int64_t len);
   // fp32 read-back of one layer's K and V for stores that are not read in
   // place, [n_kv_heads, capacity, head_dim] each.
-  std::vector<float> kbuf_, vbuf_;
+  uninit_vector<float> kbuf_, vbuf_;  // rows past the stored length never read
   // rotate hadamard: one rotation per (layer, KV head), [n_layers * n_kv_heads]; empty otherwise.
   std::vector<HadamardRotation> rot_;
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <exception>
 
 #include "core/error.h"
 #include "model/device_cache.h"
@@ -146,7 +147,24 @@ void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_
   };
   const auto attend = [&](int64_t layer, const float* q, float* out) {
     if (!batch) return caches[0]->attend(layer, q, n, out);
-    for (int64_t b = 0; b < n; ++b) caches[b]->attend(layer, q + b * QD, 1, out + b * QD);
+    // One parallel region over the sequences instead of one inside each
+    // sequence's attend (a fork/join per sequence and layer: at 16 sequences
+    // 192 per step, each a thread wake-up). Inside it a sequence's attention
+    // runs on one thread (the nested region is inactive); its arithmetic per
+    // (query, head) does not depend on the thread, so each sequence's output
+    // stays bit-identical to stepping it alone. An exception may not leave an
+    // OpenMP region: the first is kept and rethrown after it.
+    std::exception_ptr err;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+    for (int64_t b = 0; b < n; ++b) {
+      try {
+        caches[b]->attend(layer, q + b * QD, 1, out + b * QD);
+      } catch (...) {
+#pragma omp critical(ptllm_batch_attend_error)
+        if (!err) err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
   };
   // Activations in one per-thread workspace, reused across calls (decode calls
   // forward once per token; nine allocations each time showed up in profiles).

@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "serve/openai_schema.h"
@@ -35,7 +37,10 @@ void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.st
 struct Output {
   std::mutex mu;
   std::condition_variable cv;
-  std::string pending;  // released text not yet sent
+  // Released text not yet sent: one piece per token (a stream sends each as
+  // its own event, so a client sees one event per token as from llama-server
+  // or OpenAI, however far the writer is behind) plus the held-back rest.
+  std::vector<std::string> pending;
   bool done = false;
   FinishReason reason = FinishReason::Stop;
   std::string error;
@@ -129,7 +134,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     const std::string piece = ts->stop.push(ts->dec.push(id));
     std::lock_guard lk(out->mu);
     ++out->completion_tokens;
-    out->pending += piece;
+    if (!piece.empty()) out->pending.push_back(piece);
     out->cv.notify_all();
     return !ts->stop.stopped();
   };
@@ -137,7 +142,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     std::string rest = ts->stop.push(ts->dec.flush());  // a held-back partial character, then held-back text
     rest += ts->stop.flush();
     std::lock_guard lk(out->mu);
-    out->pending += rest;
+    if (!rest.empty()) out->pending.push_back(std::move(rest));
     out->done = true;
     out->reason = r;
     out->error = error;
@@ -216,12 +221,12 @@ void HttpServer::Impl::stream(httplib::Response& res, Generation g) {
           const std::string s = "data: " + j.dump() + "\n\n";
           return sink.write(s.data(), s.size());
         };
-        std::string text;
+        std::vector<std::string> pieces;
         bool done = false;
         {
           std::unique_lock lk(g.out->mu);
           g.out->cv.wait_for(lk, std::chrono::milliseconds(500), [&] { return !g.out->pending.empty() || g.out->done; });
-          text.swap(g.out->pending);
+          pieces.swap(g.out->pending);
           done = g.out->done;
         }
         // A failed write is how a disconnect shows: cancel, and the scheduler frees the cache.
@@ -230,9 +235,17 @@ void HttpServer::Impl::stream(httplib::Response& res, Generation g) {
           sc->wake();
           return false;
         };
-        if (!text.empty() || (*first && g.chat && !done)) {
-          if (!event(chunk(g, text, *first, nullptr))) return cancel();
-          *first = false;
+        if (!pieces.empty() || (*first && g.chat && !done)) {
+          // Every piece its own event, all of them in one write.
+          std::string batch;
+          if (pieces.empty()) pieces.emplace_back();  // chat: the role before any text
+          for (const std::string& p : pieces) {
+            batch += "data: ";
+            batch += chunk(g, p, *first, nullptr).dump();
+            batch += "\n\n";
+            *first = false;
+          }
+          if (!sink.write(batch.data(), batch.size())) return cancel();
         } else if (!done) {
           // Silence while queued or prefilling: an SSE comment both keeps proxies
           // from timing out and finds a client that went away.
@@ -287,7 +300,8 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   if (gp.stream) return stream(res, std::move(g));
   std::unique_lock lk(g.out->mu);
   g.out->cv.wait(lk, [&] { return g.out->done; });
-  const std::string text = g.out->pending;
+  std::string text;
+  for (const std::string& p : g.out->pending) text += p;
   lk.unlock();
   --owner.in_flight_;
   if (g.out->reason == FinishReason::Error)

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "core/error.h"
 
 namespace ptllm::serve {
@@ -275,6 +279,19 @@ void Scheduler::loop() {
   }
 }
 
-void Scheduler::start() { thread_ = std::thread([this] { loop(); }); }
+void Scheduler::start() {
+#ifdef _OPENMP
+  // omp_set_num_threads (--threads) sets the calling thread's team size only: a
+  // new std::thread starts from the process default (every core), so the step
+  // thread takes the size of the thread that starts it.
+  const int threads = omp_get_max_threads();
+  thread_ = std::thread([this, threads] {
+    omp_set_num_threads(threads);
+    loop();
+  });
+#else
+  thread_ = std::thread([this] { loop(); });
+#endif
+}
 
 }  // namespace ptllm::serve
