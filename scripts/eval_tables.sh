@@ -8,7 +8,8 @@
 #             stories-compare-long stories-bytes
 #             long-window long-rotation long-stream long-200k   (flagship-long-31m, issue 16)
 # Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
-# (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096).
+# (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096); long-rotation:
+# ROT_WINDOW (2048), ROT_WINDOWS (1); long-stream: LONG_STREAM_QW (1020).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/app/posttrainllm}
@@ -117,18 +118,24 @@ section() {
         --kv-quantize fp32,int8,int4,int3,int2 --kl-divergence ;;
     long-rotation)
       # KIVI per-channel K vs rotated per-channel vs rotated per-token (and per-token unrotated).
-      run "$BIN" perplexity $LONG "${BOOKS[@]}" --window 4096 --max-windows "${ROT_WINDOWS:-4}" --cache-only \
+      run "$BIN" perplexity $LONG "${BOOKS[@]}" --window "${ROT_WINDOW:-2048}" --max-windows "${ROT_WINDOWS:-1}" --cache-only \
         --kv-quantize int4,int3,int2 --kv-rotate none,hadamard --kivi-k-axis channel,token --kl-divergence ;;
     long-stream)
       # Each book's first 4,096 tokens: dense vs sink 4 + window 252 ... 2,044 inside the training context.
+      # fp32 at every window, then int4/int2 at window 1,020 only (LONG_STREAM_QW=0,252,508,1020,2044 for all;
+      # the sink list follows: 0 for a window of 0, else 4).
       run "$BIN" perplexity $LONG "${BOOKS[@]}" --stream 4096 --streaming-llm-sink 0,4,4,4,4 \
-        --streaming-llm-window 0,252,508,1020,2044 --kv-quantize fp32,int4,int2 --plot docs/eval_stream_long.svg ;;
+        --streaming-llm-window 0,252,508,1020,2044 --kv-quantize fp32 --plot docs/eval_stream_long.svg
+      local qw=${LONG_STREAM_QW:-1020} qs
+      qs=$(tr ',' '\n' <<<"$qw" | sed 's/^0$/x/;s/^[0-9][0-9]*$/4/;s/^x$/0/' | paste -sd,)
+      run "$BIN" perplexity $LONG "${BOOKS[@]}" --stream 4096 --streaming-llm-sink "$qs" \
+        --streaming-llm-window "$qw" --kv-quantize int4,int2 --plot docs/eval_stream_long_q.svg ;;
     long-200k)
       # The books end to end as one input, 200,000 tokens, sink 4 + window 1,020, int4; twice (determinism).
       local all=/tmp/eval_long_books.txt
       cat "${BOOKS[@]}" > "$all"
       twice 200k $LONG "$all" --stream 200000 --streaming-llm-sink 4 --streaming-llm-window 1020 \
-        --kv-quantize int4 --plot docs/eval_stream_long_200k.svg
+        --kv-quantize int4 --plot docs/eval_stream_long_200k.svg --plot-bin 1024
       jq -r '.results[0].through_cache.segments[]? | "\(.first)-\(.last): ppl \(.ppl) (\(.predictions) predictions)"' /tmp/eval_twice_200k_a.json || true ;;
     *) echo "unknown section $1" >&2; exit 1 ;;
   esac
