@@ -9,7 +9,8 @@
 #             long-window long-rotation long-stream long-200k   (flagship-long-31m, issue 16)
 # Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
 # (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096); long-rotation:
-# ROT_WINDOW (2048), ROT_WINDOWS (1); long-stream: LONG_STREAM_QW (1020).
+# ROT_WINDOW (2048), ROT_WINDOWS (1); long-stream: LONG_STREAM_QW (1020);
+# long-200k: TWICE_PARALLEL=1 runs its two runs at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/app/posttrainllm}
@@ -51,9 +52,24 @@ SCHEMES=(--kivi-group 32,0 --kivi-residual 128,0)
 twice() {  # TAG ARGS...
   local tag=$1 r
   shift
+  # The two runs are independent processes; TWICE_PARALLEL=1 runs them at the
+  # same time (one core each with THREADS=1), which halves the wall time.
+  # Run b writes its plot under /tmp, so two runs never write one file.
+  local pids=() args=("$@") i
   for r in a b; do
-    show "$BIN" perplexity "$@" --json
-    "$BIN" perplexity "$@" --json --threads "$THREADS" -q > /tmp/eval_twice_${tag}_$r.json
+    show "$BIN" perplexity "${args[@]}" --json
+    if [ "${TWICE_PARALLEL:-0}" = 1 ]; then
+      "$BIN" perplexity "${args[@]}" --json --threads "$THREADS" -q > /tmp/eval_twice_${tag}_$r.json &
+      pids+=($!)
+    else
+      "$BIN" perplexity "${args[@]}" --json --threads "$THREADS" -q > /tmp/eval_twice_${tag}_$r.json
+    fi
+    for i in "${!args[@]}"; do
+      if [ "${args[$i]}" = --plot ]; then args[$((i + 1))]=/tmp/eval_twice_${tag}_b.svg; fi
+    done
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for r in a b; do
     jq -c '.results[0].through_cache | {ppl, predictions, max_stored_tokens, max_cache_bytes, tokens_per_second}' \
       /tmp/eval_twice_${tag}_$r.json
   done
