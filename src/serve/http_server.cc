@@ -407,7 +407,14 @@ HttpServer::HttpServer(ServerOptions opt, const LoadedModel& lm, Backend& backen
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   svr.set_payload_max_length(impl_->opt.max_body);
   svr.set_tcp_nodelay(true);  // SSE events are small writes: Nagle + delayed ACK would hold each up to 40 ms
-  svr.set_keep_alive_timeout(2);  // idle keep-alive connections give their thread back soon
+  // Idle keep-alive connections give their thread back soon. The timeout is also
+  // announced in a Keep-Alive header: a client that does not know it keeps an idle
+  // connection longer (Node's fetch: 4 s) and may send a request on it just as the
+  // server closes it ("other side closed", seen once in a soak). Node's fetch
+  // (undici) reads the hint and closes an idle connection before the server does.
+  constexpr int kKeepAliveSeconds = 2;
+  svr.set_keep_alive_timeout(kKeepAliveSeconds);
+  svr.set_default_headers({{"Keep-Alive", "timeout=" + std::to_string(kKeepAliveSeconds)}});
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
   impl_->routes();

@@ -56,6 +56,8 @@ TEST(ServeHttp, ChatCompletionMatchesTheRenderedPromptAsACompletion) {
   auto r = c.Post("/v1/chat/completions", chat_req.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
+  // The server's keep-alive timeout is announced, so clients close idle connections first.
+  EXPECT_EQ(r->get_header_value("Keep-Alive"), "timeout=2");
   const json j = json::parse(r->body);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
