@@ -220,9 +220,17 @@ void CudaCache::init_kivi() {
   vsink_.reserve(L * l_sink_);
   kres_.reserve(L * l_res_);
   vres_.reserve(L * l_res_);
-  // Slot table: slot t's key rotation (cos, sin of angle t), as StorageKVCache::ensure_slot_table.
-  std::vector<float> cs(size_t(cap * hd));
-  for (int64_t t = 0; t < cap; ++t) rope().cos_sin(double(t), &cs[size_t(t * hd)], &cs[size_t(t * hd + hd / 2)]);
+  // Slot table: slot t's key rotation (cos, sin of angle t), as StorageKVCache::ensure_slot_table,
+  // stored [hd/2, cap] of (cos, sin) pairs: the decode kernel's lanes run over slots, so the
+  // 32 slots of a warp read one pair i from 256 consecutive bytes.
+  std::vector<float> cs(size_t(cap * hd)), c1(size_t(hd / 2)), s1(size_t(hd / 2));
+  for (int64_t t = 0; t < cap; ++t) {
+    rope().cos_sin(double(t), c1.data(), s1.data());
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      cs[size_t((i * cap + t) * 2)] = c1[size_t(i)];
+      cs[size_t((i * cap + t) * 2 + 1)] = s1[size_t(i)];
+    }
+  }
   kcs_.reserve(cs.size() * 4);
   check(cudaMemcpy(kcs_.p, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "slot table");
 }

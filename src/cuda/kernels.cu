@@ -252,10 +252,11 @@ __global__ void __launch_bounds__(128) combine_kernel(const float* part, int S, 
 
 int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
 
-// Slots per split of the KIVI kernel: decode steps (a few queries) use short splits
-// so that a GQA block of heads still leaves enough blocks for the whole GPU
-// (1B shape at depth 4,096: 64 splits x 8 KV heads); prefill chunks use kChunk.
-int kivi_chunk(int n) { return n <= 8 ? 64 : kChunk; }
+// Slots per split of the KIVI kernel: one query (decode) takes the lanes-over-slots
+// kernel's 128 slots (kivi_kernels.cu kDecChunk, one per thread); a few queries use
+// short splits so that a GQA block of heads still leaves enough blocks for the whole
+// GPU; prefill chunks use kChunk.
+int kivi_chunk(int n) { return n == 1 ? 128 : n <= 8 ? 64 : kChunk; }
 
 void combine(const float* part, int rows, int S, int hd, float* out, cudaStream_t s) {
   combine_kernel<<<rows, 128, 0, s>>>(part, S, hd, out);

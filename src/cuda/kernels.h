@@ -68,8 +68,8 @@ void attend_plain(const Attend& a, cudaStream_t s);
 //   K per (group, channel): kparams [kvh, gcap, hd, 2]; group g (0 = oldest live) at ring slot
 //   (gstart + g) mod gcap; the oldest group holds g0 tokens (it may have lost some to eviction),
 //   every later one G. V per token: vparams [kvh, cap, 2] at the token's physical code row.
-// Keys are stored before RoPE; attention turns key slot t by the slot table kcs [cap, hd]
-// (cos of the hd/2 frequencies at angle t, then sin), as StorageKVCache::attend does.
+// Keys are stored before RoPE; attention turns key slot t by the slot table kcs [hd/2, cap, 2]
+// ((cos, sin) of frequency i at angle t at [i, t]), as StorageKVCache::attend does.
 struct KiviLayer {
   uint8_t* kcodes = nullptr;
   uint8_t* vcodes = nullptr;
@@ -95,7 +95,7 @@ void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t 
 // V codes + rows. Same split/combine and scratch as attend_plain.
 struct AttendKivi {
   KiviLayer c;
-  const float* kcs = nullptr;  // [cap, hd] slot table
+  const float* kcs = nullptr;  // [hd/2, cap, 2] slot table
   const float* q = nullptr;
   const float* qcs = nullptr;
   int n = 0, nh = 0, len = 0, first = 0, run_split = 0;

@@ -3,6 +3,8 @@
 // the packed codes + residual + sinks. Shapes: kernels.h.
 #include "cuda/kernels_common.cuh"
 
+#include <type_traits>
+
 namespace ptllm::cuda::k {
 namespace {
 
@@ -225,9 +227,9 @@ __device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int
   const uint16_t* kpar = c.kparams + int64_t(kvh) * c.gcap * hd * 2;
   const uint16_t* vpar = c.vparams + int64_t(kvh) * c.cap * 2;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float2* kcs2 = reinterpret_cast<const float2*>(a.kcs);  // [hd/2, cap] (cos, sin)
   for (int t = b0 + warp; t < b1; t += kThreads / 32) {
     const float* qq = t < a.run_split ? qa : qb;
-    const float* cs = a.kcs + int64_t(t) * hd;
     float d[kMaxHpb];
 #pragma unroll
     for (int g = 0; g < kMaxHpb; ++g) d[g] = 0.f;
@@ -246,7 +248,8 @@ __device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int
         x0 = fmaf(float(code_at<BITS>(code, j)), h2f(par[2 * j]), h2f(par[2 * j + 1]));
         x1 = fmaf(float(code_at<BITS>(code, j + half)), h2f(par[2 * (j + half)]), h2f(par[2 * (j + half) + 1]));
       }
-      const float co = cs[j], si = cs[half + j];
+      const float2 cs2 = kcs2[int64_t(j) * c.cap + t];
+      const float co = cs2.x, si = cs2.y;
       const float r0 = x0 * co - x1 * si, r1 = x1 * co + x0 * si;
 #pragma unroll
       for (int g = 0; g < kMaxHpb; ++g) {
@@ -313,6 +316,236 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_batch_kernel(const Atten
   attend_kivi_body<T, BITS>(a, 0, hpb, chunk);
 }
 
+
+// ---- The decode kernel: one query per sequence, lanes over slots ----
+// Block (KV head h, split s, sequence), kDecChunk threads over the split's kDecChunk
+// slots; all GRP query heads of h in the block, so each code row, parameter word and
+// slot-table pair is read once per block. Why this shape (docs/CUDA.md, Session 7):
+// the previous kernel (a warp per slot, lanes over channels) spent its time on
+// per-element loads and a 5-step shuffle reduction per head per slot; here a thread
+// owns a slot and runs its whole dot products in registers, no reduction at all.
+//  K: thread t holds its code row in registers (hd * BITS / 32 words, 16-byte loads),
+//     per channel pair (i, i + hd/2) widens u * scale + zero with its group's fp16
+//     (scale, zero) words (the same words for all slots of a group: broadcast loads),
+//     turns the pair by the slot's (cos, sin) (table [hd/2, cap]: 256 coalesced bytes
+//     per warp and pair) and adds q_g . r for the GRP rotated queries (shared memory,
+//     [hd/2][lo 8 | hi 8] floats: two broadcast 16-byte loads per pair for GRP <= 4).
+//  V: the scale folded into the softmax weight (w = p * scale per slot and head), the
+//     zero into one bias per head (sum p * zero), as ops/kivi_kernels.h does:
+//       sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t) u_t + sum_t p_t z_t.
+//     Thread (cw, sl): 8 channels cw*8.. of every SL-th slot; the SL slot lanes'
+//     sums meet in shared memory at the end.
+// Sink and residual slots take the same loops with full-precision rows.
+constexpr int kDecChunk = 128;
+
+__device__ __forceinline__ float u2f(unsigned u) {  // exact for u < 2^23, no I2F
+  return __uint_as_float(0x4B000000u | u) - 8388608.f;
+}
+template <int BITS>
+__device__ __forceinline__ unsigned code_w(const uint32_t* w, int i) {  // i: a constant after unrolling
+  constexpr int cpw = 32 / BITS;
+  return (w[i / cpw] >> ((i % cpw) * BITS)) & ((1u << BITS) - 1u);
+}
+__device__ __forceinline__ float2 par_f2(uint32_t w) {  // (scale, zero) fp16 pair -> fp32
+  return make_float2(h2f(uint16_t(w & 0xffffu)), h2f(uint16_t(w >> 16)));
+}
+template <int GRP>
+__device__ __forceinline__ void rot_dot(const float* qq, float x0, float x1, float2 cs, float* acc) {
+  const float r0 = x0 * cs.x - x1 * cs.y, r1 = x1 * cs.x + x0 * cs.y;
+  const float4 l0 = *reinterpret_cast<const float4*>(qq), h0 = *reinterpret_cast<const float4*>(qq + 8);
+  const float ql[4] = {l0.x, l0.y, l0.z, l0.w}, qh[4] = {h0.x, h0.y, h0.z, h0.w};
+#pragma unroll
+  for (int g = 0; g < (GRP < 4 ? GRP : 4); ++g) acc[g] = fmaf(qh[g], r1, fmaf(ql[g], r0, acc[g]));
+  if (GRP > 4) {
+    const float4 l1 = *reinterpret_cast<const float4*>(qq + 4), h1 = *reinterpret_cast<const float4*>(qq + 12);
+    const float ql1[4] = {l1.x, l1.y, l1.z, l1.w}, qh1[4] = {h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+    for (int g = 4; g < GRP; ++g) acc[g] = fmaf(qh1[g - 4], r1, fmaf(ql1[g - 4], r0, acc[g]));
+  }
+}
+template <int HD, int GRP>
+constexpr int dec_shmem_floats() {
+  constexpr int QF = 2 * (HD / 2) * 16, VF = (kDecChunk / (HD / 8)) * GRP * HD;
+  return (QF > VF ? QF : VF) + GRP * kDecChunk + 2 * GRP;
+}
+
+template <class T, int BITS, int HD, int GRP>
+__global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a1, const AttendKivi* as) {
+  const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
+  constexpr int half = HD / 2, C = kDecChunk;
+  constexpr int TPR = HD / 8, SL = C / TPR;  // V: threads per row (8 channels each), slot lanes
+  constexpr int QF = 2 * half * 16, VF = SL * GRP * HD;
+  extern __shared__ float sm[];
+  float* qs = sm;                       // [2 runs][half][16] rotated queries (K phase)
+  float* vred = sm;                     // [SL][GRP][HD] V partial sums (V phase, after qs is done)
+  float* p = sm + (QF > VF ? QF : VF);  // [GRP][C] scores, then exp
+  float* ml = p + GRP * C;              // [GRP][2] max, sum
+  const KiviLayer& c = a.c;
+  const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, S = gridDim.y;
+  const int li = a.first + 1;  // slots the query sees
+  const int b0 = s * C, b1 = min(b0 + C, li);
+  const auto part_of = [&](int g) { return a.part + ((int64_t(h) * GRP + g) * S + s) * (HD + 2); };
+  if (b0 >= b1) {
+    if (tid < GRP) {
+      float* pt = part_of(tid);
+      pt[0] = -INFINITY;
+      pt[1] = 0;
+    }
+    return;
+  }
+  // The GRP queries of KV head h, turned by their own angle for slots < run_split (A) and the others (B).
+  for (int e = tid; e < GRP * half; e += C) {
+    const int g = e / half, j = e % half;
+    const float* q = a.q + (int64_t(h) * GRP + g) * HD;
+    const float* qc = a.qcs;
+    const float x0 = q[j], x1 = q[j + half];
+    float* A = qs + j * 16;
+    float* B = qs + (half + j) * 16;
+    A[g] = x0 * qc[j] - x1 * qc[half + j];
+    A[8 + g] = x1 * qc[j] + x0 * qc[half + j];
+    B[g] = x0 * qc[HD + j] - x1 * qc[HD + half + j];
+    B[8 + g] = x1 * qc[HD + j] + x0 * qc[HD + half + j];
+  }
+  __syncthreads();
+  const int ns = c.n_sink, qe = ns + c.n_quant;
+  const T* ksink = static_cast<const T*>(c.ksink) + int64_t(h) * c.sink_cap * HD;
+  const T* vsink = static_cast<const T*>(c.vsink) + int64_t(h) * c.sink_cap * HD;
+  const T* kres = static_cast<const T*>(c.kres) + int64_t(h) * c.res_cap * HD;
+  const T* vres = static_cast<const T*>(c.vres) + int64_t(h) * c.res_cap * HD;
+  const uint8_t* kcodes = c.kcodes + int64_t(h) * c.cap * c.row;
+  const uint8_t* vcodes = c.vcodes + int64_t(h) * c.cap * c.row;
+  const uint16_t* kpar = c.kparams + int64_t(h) * c.gcap * HD * 2;
+  const uint32_t* vpar = reinterpret_cast<const uint32_t*>(c.vparams + int64_t(h) * c.cap * 2);
+  {  // K: scores of slot t = b0 + tid
+    const int t = b0 + tid;
+    if (t < b1) {
+      float acc[GRP];
+#pragma unroll
+      for (int g = 0; g < GRP; ++g) acc[g] = 0.f;
+      const float* qq = qs + (t < a.run_split ? 0 : half * 16);
+      const float2* tab = reinterpret_cast<const float2*>(a.kcs) + t;  // pair i at tab[i * cap]
+      if (t < ns || t >= qe) {
+        const T* kr = t < ns ? ksink + int64_t(t) * HD : kres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
+#pragma unroll 4
+        for (int i = 0; i < half; ++i)
+          rot_dot<GRP>(qq + i * 16, widen(kr[i]), widen(kr[i + half]), __ldg(tab + int64_t(i) * c.cap), acc);
+      } else {
+        const int jq = t - ns;
+        const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
+        // The group's (scale, zero) words, one per channel; 4 channels per 16-byte load.
+        const uint4* par = reinterpret_cast<const uint4*>(kpar + int64_t((c.gstart + gi) % c.gcap) * HD * 2);
+        constexpr int NW = HD * BITS / 32;  // code words per row (a multiple of 4 for HD 64 / 128)
+        uint32_t w[NW];
+        const uint4* row = reinterpret_cast<const uint4*>(kcodes + int64_t((c.qstart + jq) % c.cap) * c.row);
+#pragma unroll
+        for (int k4 = 0; k4 < NW / 4; ++k4) {
+          const uint4 x = __ldg(row + k4);
+          w[4 * k4] = x.x;
+          w[4 * k4 + 1] = x.y;
+          w[4 * k4 + 2] = x.z;
+          w[4 * k4 + 3] = x.w;
+        }
+#pragma unroll
+        for (int i4 = 0; i4 < half; i4 += 4) {
+          const uint4 pl = __ldg(par + i4 / 4), ph = __ldg(par + (half + i4) / 4);
+          const uint32_t wl[4] = {pl.x, pl.y, pl.z, pl.w}, wh[4] = {ph.x, ph.y, ph.z, ph.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i4 + e;
+            const float2 lo = par_f2(wl[e]), hi = par_f2(wh[e]);
+            const float x0 = fmaf(u2f(code_w<BITS>(w, i)), lo.x, lo.y);
+            const float x1 = fmaf(u2f(code_w<BITS>(w, i + half)), hi.x, hi.y);
+            rot_dot<GRP>(qq + i * 16, x0, x1, __ldg(tab + int64_t(i) * c.cap), acc);
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GRP; ++g) p[g * C + tid] = acc[g] * a.scale;
+    }
+  }
+  __syncthreads();
+  const int len = b1 - b0, warp = tid >> 5, lane = tid & 31;
+  for (int g = warp; g < GRP; g += C / 32) {  // one warp per head's softmax
+    float m, l;
+    warp_softmax_exp(p + g * C, len, lane, m, l);
+    if (lane == 0) {
+      ml[2 * g] = m;
+      ml[2 * g + 1] = l;
+    }
+  }
+  __syncthreads();
+  {  // V
+    const int cw = tid % TPR, sl = tid / TPR;
+    float o[GRP][8], bz[GRP];
+#pragma unroll
+    for (int g = 0; g < GRP; ++g) {
+      bz[g] = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+    }
+    for (int t = b0 + sl; t < b1; t += SL) {
+      float pw[GRP];
+#pragma unroll
+      for (int g = 0; g < GRP; ++g) pw[g] = p[g * C + t - b0];
+      if (t >= ns && t < qe) {
+        const int prow = (c.qstart + t - ns) % c.cap;
+        const float2 sz = par_f2(__ldg(vpar + prow));
+        const uint8_t* cr = vcodes + int64_t(prow) * c.row + cw * BITS;  // 8 codes = BITS bytes
+        uint32_t cwd[2];
+        if (BITS == 8) {
+          const uint2 x = __ldg(reinterpret_cast<const uint2*>(cr));
+          cwd[0] = x.x;
+          cwd[1] = x.y;
+        } else if (BITS == 4) {
+          cwd[0] = __ldg(reinterpret_cast<const uint32_t*>(cr));
+        } else {
+          cwd[0] = __ldg(reinterpret_cast<const uint16_t*>(cr));
+        }
+        float ws[GRP];
+#pragma unroll
+        for (int g = 0; g < GRP; ++g) {
+          ws[g] = pw[g] * sz.x;
+          bz[g] = fmaf(pw[g], sz.y, bz[g]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float u = u2f(code_w<BITS>(cwd, e));
+#pragma unroll
+          for (int g = 0; g < GRP; ++g) o[g][e] = fmaf(ws[g], u, o[g][e]);
+        }
+      } else {
+        const T* vr = t < ns ? vsink + int64_t(t) * HD : vres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
+        float x[8];
+        load8<T>(vr + cw * 8, x);
+#pragma unroll
+        for (int g = 0; g < GRP; ++g)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pw[g], x[e], o[g][e]);
+      }
+    }
+    // vred aliases qs: every thread finished the K phase before the softmax's barriers.
+#pragma unroll
+    for (int g = 0; g < GRP; ++g) {
+      float4* d = reinterpret_cast<float4*>(vred + (sl * GRP + g) * HD + cw * 8);
+      d[0] = make_float4(o[g][0] + bz[g], o[g][1] + bz[g], o[g][2] + bz[g], o[g][3] + bz[g]);
+      d[1] = make_float4(o[g][4] + bz[g], o[g][5] + bz[g], o[g][6] + bz[g], o[g][7] + bz[g]);
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < GRP * HD; e += C) {
+    const int g = e / HD, j = e % HD;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < SL; ++k) sum += vred[(k * GRP + g) * HD + j];
+    part_of(g)[2 + j] = sum;
+  }
+  if (tid < GRP) {
+    float* pt = part_of(tid);
+    pt[0] = ml[2 * tid];
+    pt[1] = ml[2 * tid + 1];
+  }
+}
+
 template <class T>
 __global__ void kivi_append_batch_kernel(const AppendKiviB* ps) {
   const AppendKiviB& p = ps[blockIdx.x];
@@ -359,6 +592,30 @@ struct AttendKiviBatchLaunch {
     attend_kivi_batch_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(d, hpb, chunk);
   }
 };
+// The decode kernel for head_dim 64 / 128 and 1, 2, 4 or 8 query heads per KV head;
+// false (nothing launched) for other shapes, which take attend_kivi_kernel.
+template <class T, int BITS, int HD, int GRP>
+void dec_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, cudaStream_t s) {
+  const size_t shmem = size_t(dec_shmem_floats<HD, GRP>()) * sizeof(float);
+  attend_kivi_dec_kernel<T, BITS, HD, GRP><<<grid, kDecChunk, shmem, s>>>(a, d);
+}
+template <class T, int BITS>
+struct AttendKiviDecLaunch {
+  static void run(const AttendKivi& a, const AttendKivi* d, dim3 grid, int hd, int grp, bool& done, cudaStream_t s) {
+    const auto by_grp = [&](auto hd_tag) {
+      constexpr int HD = decltype(hd_tag)::value;
+      if (grp == 1) dec_launch<T, BITS, HD, 1>(a, d, grid, s);
+      if (grp == 2) dec_launch<T, BITS, HD, 2>(a, d, grid, s);
+      if (grp == 4) dec_launch<T, BITS, HD, 4>(a, d, grid, s);
+      if (grp == 8) dec_launch<T, BITS, HD, 8>(a, d, grid, s);
+    };
+    done = (hd == 64 || hd == 128) && (grp == 1 || grp == 2 || grp == 4 || grp == 8);
+    if (!done) return;
+    if (hd == 64) by_grp(std::integral_constant<int, 64>{});
+    if (hd == 128) by_grp(std::integral_constant<int, 128>{});
+  }
+};
+bool dec_shape_ok(int hd, int grp) { return (hd == 64 || hd == 128) && (grp == 1 || grp == 2 || grp == 4 || grp == 8); }
 template <class T, int BITS>
 struct AttendKiviLaunch {
   static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
@@ -404,6 +661,15 @@ void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream
 void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, Elem re, int bits,
                        cudaStream_t s) {
   const int chunk = kivi_chunk(1);
+  if (dec_shape_ok(hd, nh / kvh) && nh % kvh == 0) {
+    KiviLayer c;  // the dispatch keys
+    c.re = re;
+    c.bits = bits;
+    bool done = false;
+    kivi_dispatch<AttendKiviDecLaunch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, done, s);
+    combine_batch_kernel<AttendKivi><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+    return;
+  }
   const int hpb = heads_per_block(nh / kvh, S);
   const size_t shmem = size_t(hpb) * size_t(2 * hd + chunk + 2) * sizeof(float);
   const dim3 grid(nh / hpb, S, B);
@@ -418,6 +684,13 @@ void attend_kivi(const AttendKivi& a, cudaStream_t s) {
   const int chunk = kivi_chunk(a.n);
   const int S = (a.len + chunk - 1) / chunk;
   const int grp = a.nh / a.c.kvh;
+  if (a.n == 1 && chunk == kDecChunk && a.nh % a.c.kvh == 0 && dec_shape_ok(a.c.hd, grp)) {
+    bool done = false;
+    kivi_dispatch<AttendKiviDecLaunch>(a.c, a, static_cast<const AttendKivi*>(nullptr), dim3(a.c.kvh, S, 1), a.c.hd,
+                                       grp, done, s);
+    combine(a.part, a.nh, S, a.c.hd, a.out, s);
+    return;
+  }
   const int hpb = heads_per_block(grp, S);
   const size_t shmem = size_t(hpb) * size_t(2 * a.c.hd + chunk + 2) * sizeof(float);
   const dim3 grid(a.nh / hpb, S, a.n);
