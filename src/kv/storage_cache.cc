@@ -170,7 +170,7 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   // and grouped KIVI stores by the fused kernels (nothing is dequantised).
   const bool k_staged = !ks.reads_in_place(), v_staged = !vs.reads_in_place();
   if (k_staged || v_staged) {
-#pragma omp parallel for schedule(static) if (KVH > 1)
+#pragma omp parallel for schedule(static) if (KVH > 1 && KVH * len * hd >= ops::parallel_min_work())
     for (int64_t h = 0; h < KVH; ++h) {
       if (k_staged) {
         float* kb = kbuf_.data() + h * s.capacity * hd;
@@ -190,7 +190,11 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   // chunks would give the last thread ~3/4 of a causal prefill's work.
   const int64_t qstride = s.n_heads * hd;
   const float scale = 1.0f / std::sqrt(float(hd));
-#pragma omp parallel
+  // Scores and weighted sum: ~2 multiply-adds per (query, head, slot, dim).
+  // A decode step over a short cache is a few thousand: one thread, no
+  // wake-up of the others (each (query, head) is computed whole by one
+  // thread either way, so the split does not change the result).
+#pragma omp parallel if (2 * n * s.n_heads * len * hd >= ops::parallel_min_work())
   {
     std::vector<float> qr(static_cast<size_t>(hd)), scores(static_cast<size_t>(std::max<int64_t>(len, 1)));
 #pragma omp for schedule(static, 1)

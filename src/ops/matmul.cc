@@ -249,9 +249,9 @@ float* panel_scratch(int64_t in) {
 }
 
 // Multiply-adds at or above which a product is split across threads: below
-// it the fork/join (a few microseconds) costs more than the arithmetic. Tiny
-// models (stories260K: 64 x 64 weights) then run every matmul on one thread.
-constexpr int64_t kParallelWork = int64_t(1) << 16;
+// it the fork/join costs more than the arithmetic. Tiny models (stories260K:
+// 64 x 64 weights) then run every matmul on one thread
+// (ops::parallel_min_work()).
 
 // [begin, end) of `total` items for thread `tid` of `nt`, in units of `align`.
 std::pair<int64_t, int64_t> split(int64_t total, int tid, int nt, int64_t align) {
@@ -285,7 +285,7 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
     // Decode: the jobs' rows, concatenated, are split evenly across threads.
     int64_t total = 0;
     for (int j = 0; j < n_jobs; ++j) total += jobs[j].w->rows();
-#pragma omp parallel if (total * in >= kParallelWork)
+#pragma omp parallel if (total * in >= parallel_min_work())
     {
       auto [b, e] = split(total, omp_get_thread_num(), omp_get_num_threads(), 4);
       int64_t off = 0;
@@ -305,7 +305,7 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
     rows += jobs[j].w->rows();
     for (int64_t o0 = 0; o0 < jobs[j].w->rows(); o0 += kNR) tasks.emplace_back(j, o0);
   }
-#pragma omp parallel if (rows * in * n_tokens >= kParallelWork)
+#pragma omp parallel if (rows * in * n_tokens >= parallel_min_work())
   {
     float* panel = panel_scratch(in);
 #pragma omp for schedule(static)
@@ -338,7 +338,7 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
   if (n_tokens == 1) {
     // Each thread owns a range of ffn rows in both matrices, so the SwiGLU of
     // that range needs no barrier.
-#pragma omp parallel if (2 * F * in >= kParallelWork)
+#pragma omp parallel if (2 * F * in >= parallel_min_work())
     {
       auto [b, e] = split(F, omp_get_thread_num(), omp_get_num_threads(), 16);
       if (b < e) {
@@ -350,7 +350,7 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
     return;
   }
   const int64_t n_panels = (F + kNR - 1) / kNR;
-#pragma omp parallel if (2 * F * in * n_tokens >= kParallelWork)
+#pragma omp parallel if (2 * F * in * n_tokens >= parallel_min_work())
   {
     float* panel = panel_scratch(in);
 #pragma omp for schedule(static)
@@ -418,7 +418,7 @@ void matmul_rows(const float* x, int64_t n_rows, const MatmulJob* jobs, int n_jo
     total += jobs[j].w->rows();
     biases.push_back(bias_to_f32(jobs[j].bias));
   }
-#pragma omp parallel if (total * in * n_rows >= kParallelWork)
+#pragma omp parallel if (total * in * n_rows >= parallel_min_work())
   {
     auto [b, e] = split(total, omp_get_thread_num(), omp_get_num_threads(), kRowBlock);
     int64_t off = 0;

@@ -6,6 +6,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <strings.h>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -250,11 +252,42 @@ std::string cpu_features() {
   return s.empty() ? "none" : s;
 }
 
+// See parallel_min_work(). What a split costs depends on how libgomp's idle
+// threads wait. Spinning (its default), a fork/join is a few microseconds
+// and splitting pays from ~64K multiply-adds. Sleeping (OMP_WAIT_POLICY=
+// passive, which main.cc picks on a busy machine), every parallel region is
+// a futex wake-up of each other thread: measured on 2 cores with one served
+// flagship-27m stream (docs/SERVER.md, "Latency, session 7"), 150-185 context
+// switches and 4.9-7.2 ms of CPU per token at 64K, 6-9 and 2.9-3.3 ms at 1M
+// (only the 8M-multiply-add lm_head split), 36-38 and 2.8-4.5 ms at 256K.
+constexpr int64_t kSpinParallelMinWork = int64_t(1) << 16;
+constexpr int64_t kPassiveParallelMinWork = int64_t(1) << 20;
+
+bool omp_waits_passively() {
+  const char* p = std::getenv("OMP_WAIT_POLICY");
+  if (p && strcasecmp(p, "passive") == 0) return true;
+  const char* c = std::getenv("GOMP_SPINCOUNT");
+  return c && std::strtoll(c, nullptr, 10) == 0 && c[0] == '0';
+}
+
 void set_num_threads(int n) {
   g_threads = n > 0 ? n : omp_get_num_procs();
   omp_set_num_threads(g_threads);
 }
 int num_threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+int64_t parallel_min_work() {
+  static const int64_t v = [] {
+    int64_t d = omp_waits_passively() ? kPassiveParallelMinWork : kSpinParallelMinWork;
+    if (const char* e = std::getenv("PTLLM_PARALLEL_MIN_WORK")) {
+      char* end = nullptr;
+      const long long n = std::strtoll(e, &end, 10);
+      if (end != e && n >= 0) d = n;
+    }
+    return d;
+  }();
+  return v;
+}
 
 float dot_f32(const float* a, const float* b, int64_t n) { return g_k.dot_f32(a, b, n); }
 

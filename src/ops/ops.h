@@ -35,6 +35,14 @@ std::string cpu_features();
 // Threads used by parallel kernels (OpenMP). 0 = all cores.
 void set_num_threads(int n);
 int num_threads();
+// Multiply-adds (weight elements x rows) at or above which a matmul, or a
+// step's attention, is split across threads; below it one thread does it all.
+// Every split point is chosen so that each output element's arithmetic is the
+// same whichever thread computes it, so the threshold changes timing only,
+// never results. Default: 1<<16 when OpenMP threads spin between regions,
+// 1<<20 when they sleep (OMP_WAIT_POLICY=passive: each region wakes them);
+// PTLLM_PARALLEL_MIN_WORK overrides it. Read once, at first use.
+int64_t parallel_min_work();
 
 float dot_f32(const float* a, const float* b, int64_t n);
 // Dot of a row stored as `dtype` (F32, F16 or BF16) with fp32 x.
