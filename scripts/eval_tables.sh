@@ -9,7 +9,7 @@
 #             long-window long-rotation long-stream long-200k   (flagship-long-31m, issue 16)
 # Env: BIN (default build/app/posttrainllm), THREADS (default 2), CORPUS
 # (default corpus/heldout or ../shared/corpus/heldout), N (stream tokens, 4096); long-rotation:
-# ROT_WINDOW (2048), ROT_WINDOWS (1); long-stream: LONG_STREAM_QW (1020);
+# ROT_WINDOW (4096), ROT_WINDOWS (1); long-stream: LONG_STREAM_QW (1020);
 # long-200k: TWICE_PARALLEL=1 runs its two runs at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -134,7 +134,7 @@ section() {
         --kv-quantize fp32,int8,int4,int3,int2 --kl-divergence ;;
     long-rotation)
       # KIVI per-channel K vs rotated per-channel vs rotated per-token (and per-token unrotated).
-      run "$BIN" perplexity $LONG "${BOOKS[@]}" --window "${ROT_WINDOW:-2048}" --max-windows "${ROT_WINDOWS:-1}" --cache-only \
+      run "$BIN" perplexity $LONG "${BOOKS[@]}" --window "${ROT_WINDOW:-4096}" --max-windows "${ROT_WINDOWS:-1}" --cache-only \
         --kv-quantize int4,int3,int2 --kv-rotate none,hadamard --kivi-k-axis channel,token --kl-divergence ;;
     long-stream)
       # Each book's first 4,096 tokens: dense vs sink 4 + window 252 ... 2,044 inside the training context.
