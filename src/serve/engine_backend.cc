@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "model/device_cache.h"
 #include <nlohmann/json.hpp>
 
 namespace ptllm::serve {
@@ -21,6 +22,10 @@ namespace ptllm::serve {
 size_t full_cache_bytes(const Model& model, const CacheSpec& o) {
   const int64_t ctx = model.config().max_position;
   auto cache = make_cache(model.cache_shape(ctx), o);
+  // A device cache (`--device cuda`) allocates its whole capacity when it is
+  // made, so that is what a request holds; it cannot be fed here either (the
+  // per-layer append is the CPU path: the device runs whole model steps).
+  if (const auto* d = dynamic_cast<const DeviceKVCache*>(cache.get())) return d->device_bytes();
   const KVCacheShape& sh = cache->shape();
   // Past the window, a KIVI cache still moves tokens between its residual and
   // its quantised groups; two residuals + two groups more covers a full cycle.

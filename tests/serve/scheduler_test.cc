@@ -6,6 +6,7 @@
 #include <map>
 
 #include "engine/session.h"
+#include "model/device_cache.h"
 #include "serve/engine_backend.h"
 #include "serve/scheduler.h"
 #include "test_util.h"
@@ -362,6 +363,36 @@ TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
   }
   EXPECT_LE(most, reserve);
   EXPECT_GT(most, reserve / 2);
+}
+
+// `serve --device cuda`: a device cache cannot be fed token rows (its append
+// fails); the reservation is the device memory it allocated when made. A fake
+// device cache through the cache factory (the seam src/cuda uses) checks it on CPU.
+class FakeDeviceCache : public DeviceKVCache {
+ public:
+  FakeDeviceCache(const KVCacheShape& s) : DeviceKVCache(s) {}
+  void forward(const int32_t*, int64_t, float*, bool) override {}
+  void forward_batch(const int32_t*, int64_t, KVCache* const*, float*) override {}
+  void copy_from(const KVCache&) override {}
+  size_t device_bytes() const override { return size_t(shape().capacity) * 1000 + 7; }
+  int64_t stored(int64_t) const override { return 0; }
+  int64_t room() const override { return shape().capacity; }
+  size_t payload_bytes() const override { return 0; }
+  std::string describe() const override { return "fake device cache"; }
+};
+
+TEST(ServeEngineBackend, ReservationOfADeviceCacheIsItsDeviceMemory) {
+  const Model& m = *stories().model;
+  set_cache_factory([](const KVCacheShape& s, const CacheSpec&) { return std::make_unique<FakeDeviceCache>(s); });
+  struct Restore {
+    ~Restore() { set_cache_factory(nullptr); }  // also when full_cache_bytes throws
+  } restore;
+  CacheSpec b;
+  b.sink = 4;
+  b.window = 60;
+  const size_t unbounded = full_cache_bytes(m, CacheSpec{}), bounded = full_cache_bytes(m, b);
+  EXPECT_EQ(unbounded, size_t(512) * 1000 + 7);  // stories260K's context
+  EXPECT_EQ(bounded, size_t(64) * 1000 + 7);     // sink + window slots
 }
 
 }  // namespace
