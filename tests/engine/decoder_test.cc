@@ -120,7 +120,10 @@ TEST(BatchInvariance, Stories260K) {
 // fp32 and reduces it in another order than the one-row dot (so a batch
 // through it would differ); matmul_rows must not.
 TEST(BatchInvariance, Stories260KF16) {
-  const std::string path = std::filesystem::temp_directory_path() / "ptllm_batch_stories_f16.tinygpt";
+  // This process's own folder: ctest runs BatchInvariance.* in several processes
+  // at once (tests/engine/CMakeLists.txt), and a file rewritten while another
+  // process maps it is a SIGBUS there.
+  const std::string path = test::tmp_path("batch_stories_f16.tinygpt");
   convert_hf_to_tinygpt(test::repo_dir() + "/models/stories260K", path, DType::F16);
   auto m = Model::load_tinygpt(path, nullptr);
   for_each_level([&] {
