@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "app/cache_flags.h"
@@ -81,14 +82,17 @@ void run_until_signalled(serve::HttpServer& http, serve::Scheduler& sched) {
 void serve_main(ServeOpts& o) {
   o.cache.check();
 #ifdef M_MMAP_THRESHOLD
-  // KV caches are allocated without being written (their pages are faulted in
-  // as rows are stored). glibc raises its mmap threshold after the first large
-  // free, so later caches would come from the heap, each reusing a freed one's
-  // pages at a different offset: RSS then creeps up to every cache's full size
-  // (the 10-minute soak: +6 MiB after 200 s). A fixed threshold keeps large
-  // buffers (an unbounded fp32 store of flagship-27m is 512 KiB) mmapped, so a
-  // finished request's pages go back and RSS follows the rows in use.
-  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  // A request's cache is made resident in full when it is admitted
+  // (KVCache::populate): the first touch of a fresh page costs ~15 us on this
+  // project's VM (core/memory.h), paid inside a step that every running stream
+  // waits for. Freed caches therefore stay in the heap for the next request
+  // (glibc's largest mmap threshold, no trimming), whose pages are then already
+  // resident; RSS stays at the high-water mark of the caches held at once,
+  // which the budget bounds. (Before: a 256 KiB threshold returned every cache
+  // to the kernel and pages were faulted in as rows arrived, so at 16 streams
+  // one decode step in 32 waited for ~3,000 page faults.)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 #endif
   serve::SchedulerConfig sc;
   sc.kv_budget = parse_bytes(o.kv_budget, "--kv-budget");

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "ops/kivi_kernels.h"
 #include "ops/ops.h"
 #include "ops/rope.h"
@@ -31,10 +32,17 @@ GroupedKiviStore::GroupedKiviStore(Axis axis, kivi::QuantRange r, int64_t n_head
   if (group < 1 || residual < 0 || residual % group != 0)
     fail("grouped KIVI store: group {} / residual {} (expected group >= 1, residual a multiple of it)", group,
          residual);
-  sink_.resize(size_t(n_heads * sink_cap_ * head_dim) * esz_);
-  res_.resize(size_t(n_heads * res_cap_ * head_dim) * esz_);
-  codes_.resize(size_t(n_heads * capacity) * row_);
-  params_.resize(axis == Axis::PerChannel ? size_t(n_heads * max_groups_ * head_dim) : size_t(n_heads * capacity));
+  // Zero-filled, so every page is written now: populate first, which costs a
+  // fraction of one fault per page (core/memory.h).
+  const auto zeroed = [](auto& v, size_t n) {
+    v.reserve(n);
+    populate_pages(v.data(), n * sizeof(v[0]));
+    v.resize(n);
+  };
+  zeroed(sink_, size_t(n_heads * sink_cap_ * head_dim) * esz_);
+  zeroed(res_, size_t(n_heads * res_cap_ * head_dim) * esz_);
+  zeroed(codes_, size_t(n_heads * capacity) * row_);
+  zeroed(params_, axis == Axis::PerChannel ? size_t(n_heads * max_groups_ * head_dim) : size_t(n_heads * capacity));
   group_len_.reserve(size_t(max_groups_));
   qring_.cap = capacity;
 }

@@ -58,6 +58,9 @@ class KVCache {
   virtual size_t scale_bytes() const { return 0; }
   virtual std::string describe() const = 0;
   virtual void clear() { position_ = 0; }
+  // Makes all of the cache's storage resident now instead of page by page as
+  // tokens arrive (KVStore::populate); a no-op where there is nothing to do.
+  virtual void populate() {}
 
   int64_t position() const { return position_; }  // tokens seen so far (monotonic)
   const KVCacheShape& shape() const { return shape_; }

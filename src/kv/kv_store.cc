@@ -29,6 +29,7 @@ class PlainStore : public KVStore {
         data_(static_cast<size_t>(n_heads * capacity * head_dim)) {
     ring_.cap = capacity - sink_cap_;
   }
+  void populate() override { populate_pages(data_.data(), data_.size() * sizeof(Elem)); }
 
   void append(const float* x, int64_t n) override {
     if (len_ + n > capacity_) fail("KV store: {} stored + {} new > capacity {}", len_, n, capacity_);

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/uninit_vector.h"
 #include "kv/quant.h"
 
@@ -80,6 +81,11 @@ class KVStore {
   int64_t n_heads() const { return n_heads_; }
   int64_t head_dim() const { return head_dim_; }
   virtual void clear() { len_ = 0; }
+  // Makes the whole capacity's storage resident now (populate_pages), so that
+  // appends never page-fault: the server does this when it admits a request,
+  // whose reservation already counts the full capacity. Other users leave the
+  // pages to fault in as rows arrive (an unbounded cache may never fill).
+  virtual void populate() {}
 
  protected:
   int64_t n_heads_, capacity_, head_dim_;
@@ -105,6 +111,7 @@ std::unique_ptr<KVStore> make_store(bool key, const CacheSpec& o, int64_t sink, 
 class KiviCodeStore : public KVStore {
  public:
   size_t payload_bytes() const override { return size_t(len_ * n_heads_) * row_; }
+  void populate() override { populate_pages(codes_.data(), codes_.size()); }
 
  protected:
   KiviCodeStore(kivi::QuantRange r, int64_t n_heads, int64_t capacity, int64_t head_dim, size_t n_params);

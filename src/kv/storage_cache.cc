@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "ops/ops.h"
 
 namespace ptllm {
@@ -256,6 +257,21 @@ size_t StorageKVCache::scale_bytes() const {
 
 std::string StorageKVCache::describe() const {
   return fmt::format("{} · {} slots per layer", opt_.describe(), shape_.capacity);
+}
+
+void StorageKVCache::populate() {
+  bool staged = false;
+  for (auto* stores : {&k_, &v_})
+    for (auto& st : *stores) {
+      st->populate();
+      staged = staged || !st->reads_in_place();
+    }
+  if (staged) {
+    populate_pages(kbuf_.data(), kbuf_.size() * sizeof(float));
+    populate_pages(vbuf_.data(), vbuf_.size() * sizeof(float));
+  }
+  // The slot table would otherwise grow (and be computed) by doubling during decode.
+  if (keys_prerope_) ensure_slot_table(shape_.capacity);
 }
 
 void StorageKVCache::clear() {

@@ -38,6 +38,7 @@ class StorageKVCache : public KVCache {
   size_t scale_bytes() const override;
   std::string describe() const override;
   void clear() override;
+  void populate() override;
 
   const CacheSpec& options() const { return opt_; }
   // Stored keys/values of (layer, kv head) as fp32 [stored, head_dim], as

@@ -100,6 +100,10 @@ class EngineBackend : public Backend {
     auto cache = make_cache(lm_.model->cache_shape(context_length()), o);
     if (!cache->bounded() && int64_t(prompt.size()) > cache->room())
       fail("prompt: {} tokens, longer than the model's context of {} tokens", prompt.size(), context_length());
+    // The reservation already counts the whole cache: make it resident now, in
+    // one syscall per buffer, rather than by page faults inside later decode
+    // steps (each step of every running sequence would wait for them).
+    cache->populate();
     return std::make_unique<EngineSequence>(std::move(cache), std::move(prompt), s, lm_.model->config().vocab_size);
   }
 

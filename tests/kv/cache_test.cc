@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "kv/cache_spec.h"
 #include "kv/reference_cache.h"
 #include "kv/storage_cache.h"
@@ -426,6 +427,49 @@ TEST(CacheBytes, Int4At1024IsAFifthOfFp32) {
   const double ratio = bytes(int4) / bytes(fp32);
   EXPECT_LE(ratio, 0.20);
   EXPECT_GT(bytes(int4_f32res) / bytes(fp32), 0.20);
+}
+
+// ---------------------------------------------------------------------------
+// populate(): the server makes an admitted request's cache resident at once
+// (core/memory.h). It must change no stored byte and no logit.
+
+TEST(CacheMemory, PopulatePagesKeepsEveryByte) {
+  // An odd start and length: the partial pages at both ends are left alone,
+  // whole pages inside are made resident; every byte keeps its value.
+  std::vector<uint8_t> buf(5 * 4096 + 333);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t(i * 131 + 7);
+  const std::vector<uint8_t> before = buf;
+  populate_pages(buf.data() + 17, buf.size() - 17 - 5);
+  populate_pages(buf.data(), 0);
+  populate_pages(nullptr, 100);
+  EXPECT_EQ(buf, before);
+}
+
+TEST(CacheMemory, PopulateChangesNoLogit) {
+  // Teacher-forced logits through a populated cache equal those through a
+  // cache left to fault in, bit for bit, for every kind of store: plain fp32
+  // (read in place) and fp16 (staged), grouped and simple KIVI, StreamingLLM.
+  const Model& m = flagship();
+  const RefSeq r = flagship_refs()[0];
+  const int64_t cap = int64_t(r.prompt.size() + r.greedy.size());
+  const std::vector<CacheSpec> specs = {opts(KVStorage::F32), opts(KVStorage::F16), opts(KVStorage::Int4),
+                                        opts(KVStorage::Int2, 4, 12), opts(KVStorage::Int8, 0, 0, RopeMode::Reposition, 0, 0)};
+  for (const CacheSpec& o : specs) {
+    SCOPED_TRACE(o.to_json().dump());
+    auto lazy = make_cache(m.cache_shape(cap), o);
+    auto resident = make_cache(m.cache_shape(cap), o);
+    resident->populate();
+    const auto a = forced_logits(m, *lazy, r), b = forced_logits(m, *resident, r);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "step " << i;
+    // populate() of a cache that already holds tokens keeps them.
+    resident->populate();
+    std::vector<float> la(size_t(m.config().vocab_size)), lb(la.size());
+    const int32_t next = r.greedy.back();
+    m.forward(&next, 1, *lazy, la.data(), false);
+    m.forward(&next, 1, *resident, lb.data(), false);
+    EXPECT_EQ(la, lb);
+  }
 }
 
 // CacheSpec parsing, validation and JSON: cache_spec_test.cc.

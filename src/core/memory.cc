@@ -1,0 +1,33 @@
+#include "core/memory.h"
+
+#include <cstdint>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+namespace ptllm {
+
+void populate_pages(void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+#if defined(__linux__)
+  const auto page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (uintptr_t(p) + page - 1) & ~(page - 1);
+  const uintptr_t end = (uintptr_t(p) + bytes) & ~(page - 1);
+  if (end <= begin) return;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; an older kernel answers EINVAL and we touch instead
+#endif
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+  for (uintptr_t a = begin; a < end; a += page) {
+    volatile unsigned char* b = reinterpret_cast<volatile unsigned char*>(a);
+    *b = *b;
+  }
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+}  // namespace ptllm
