@@ -17,6 +17,8 @@ for (let i = 0; i < rest.length; i += 2) {
 }
 const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s.length ? s[Math.min(s.length - 1, Math.floor(p * s.length))] : NaN; };
 const ttft = [], itl = [];
+// PTLLM_LOAD_TRACE=FILE: every event's arrival (request, monotonic us), to set beside the server's PTLLM_SERVE_TRACE.
+const arrivals = process.env.PTLLM_LOAD_TRACE ? [] : null;
 let tokens = 0, failed = 0, next = 0;
 async function one(i) {
   const body = { prompt: opt['prompt-tokens'] > 0 ? Array.from({ length: opt['prompt-tokens'] }, (_, k) => 1 + ((k * 7 + i) % 400))
@@ -32,6 +34,7 @@ async function one(i) {
     if (j.error) { failed++; console.error(`request ${i}: ${JSON.stringify(j.error)}`); return; }
     if (j.usage) { tokens += j.usage.completion_tokens; finished = true; return; }
     const now = performance.now();
+    if (arrivals) arrivals.push(`${i} ${process.hrtime.bigint() / 1000n}`);
     if (last === null) ttft.push(now - t0); else itl.push(now - last);
     last = now;
   });
@@ -52,3 +55,4 @@ console.log(JSON.stringify({ ...opt, seconds: +secs.toFixed(2), requests_done: n
   server_ttft_ms_mean: +(1000 * mean(before, after, 'ptllm_time_to_first_token_seconds')).toFixed(1),
   server_itl_ms_mean: +(1000 * mean(before, after, 'ptllm_inter_token_latency_seconds')).toFixed(2),
   server_batch_mean: +mean(before, after, 'ptllm_batch_size').toFixed(2) }));
+if (arrivals) (await import('node:fs')).writeFileSync(process.env.PTLLM_LOAD_TRACE, arrivals.join('\n') + '\n');

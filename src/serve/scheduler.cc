@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -27,6 +29,10 @@ Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics* metrics)
   if (cfg_.max_sequences < 1) fail("--max-sequences {}: expected >= 1", cfg_.max_sequences);
   if (cfg_.max_queue < 0) fail("--max-queue {}: expected >= 0", cfg_.max_queue);
   if (cfg_.prefill_chunk < 1) fail("prefill chunk {}: expected >= 1", cfg_.prefill_chunk);
+  if (const char* p = std::getenv("PTLLM_SERVE_TRACE"); p && *p) {
+    trace_ = std::fopen(p, "w");
+    if (!trace_) fail("PTLLM_SERVE_TRACE {}: cannot open for writing", p);
+  }
   publish_gauges();
 }
 
@@ -39,6 +45,7 @@ Scheduler::~Scheduler() {
   if (thread_.joinable()) thread_.join();
   for (auto& e : running_) finish(*e, FinishReason::Cancelled);
   for (auto& e : queue_) finish(e, FinishReason::Cancelled);
+  if (trace_) std::fclose(trace_);
 }
 
 Admit Scheduler::submit(std::shared_ptr<Job> job, std::string* why) {
@@ -256,12 +263,20 @@ bool Scheduler::step() {
     std::lock_guard lk(mu_);
     had_work = !queue_.empty() || !running_.empty();
   }
+  const auto t0 = Clock::now();
   drop_cancelled();
   admit();
   prefill();
+  const auto t1 = Clock::now();
   drop_cancelled();  // prefill errors, and cancellations that came in meanwhile
   decode();
+  const auto t2 = Clock::now();
   publish_gauges();
+  if (trace_ && had_work) {
+    const auto us = [](auto d) { return (long long)std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+    std::fprintf(trace_, "%lld %lld %lld %zu\n", us(t0.time_since_epoch()), us(t1 - t0), us(t2 - t1), running_.size());
+    std::fflush(trace_);
+  }
   return had_work;
 }
 

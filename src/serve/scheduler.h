@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -71,6 +72,11 @@ class Scheduler {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // PTLLM_SERVE_TRACE=FILE: one line per step that had work, "start_us
+  // admit_and_prefill_us decode_us running" (start on the steady clock, which
+  // is CLOCK_MONOTONIC, as Node's process.hrtime: scripts/serve_load.mjs's
+  // PTLLM_LOAD_TRACE sets each client event beside it).
+  FILE* trace_ = nullptr;
   struct Entry {
     std::shared_ptr<Job> job;
     size_t reservation = 0;

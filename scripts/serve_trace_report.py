@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Where a served stream's inter-token time goes: the server's per-step trace
+(PTLLM_SERVE_TRACE) beside the client's event arrivals (serve_load.mjs with
+PTLLM_LOAD_TRACE), both on CLOCK_MONOTONIC.
+  PTLLM_SERVE_TRACE=/tmp/s.txt posttrainllm serve ... &
+  PTLLM_LOAD_TRACE=/tmp/c.txt node scripts/serve_load.mjs URL ...
+  scripts/serve_trace_report.py /tmp/s.txt /tmp/c.txt
+Prints the step and client-gap distributions and the slowest steps."""
+import collections
+import statistics
+import sys
+
+
+def q(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(p * len(v)))] if v else float('nan')
+
+
+steps = [list(map(int, l.split())) for l in open(sys.argv[1]) if l.strip()]
+if not steps:
+    sys.exit('no steps in ' + sys.argv[1])
+t0 = steps[0][0]
+busy = [(s[1] + s[2]) / 1000 for s in steps]
+dec = [s[2] / 1000 for s in steps]
+gap = [(b[0] - a[0]) / 1000 for a, b in zip(steps, steps[1:])]
+print(f'{len(steps)} steps')
+for name, v in (('decode ms', dec), ('admit+prefill+decode ms', busy), ('step start to next ms', gap)):
+    print(f'  {name:24s} p50 {q(v, .5):7.2f}  p90 {q(v, .9):7.2f}  p99 {q(v, .99):7.2f}  max {max(v):7.2f}')
+med = statistics.median(busy)
+slow = [(i, s) for i, s in enumerate(steps) if (s[1] + s[2]) / 1000 > 2.5 * med]
+print(f'  steps over 2.5x the median ({med:.2f} ms): {len(slow)}')
+for i, s in slow[:20]:
+    print(f'    step {i:5d} at {(s[0] - t0) / 1000:9.1f} ms: admit+prefill {s[1] / 1000:7.1f}, decode {s[2] / 1000:7.1f}, running {s[3]}')
+if len(sys.argv) > 2:
+    ev = collections.defaultdict(list)
+    for l in open(sys.argv[2]):
+        if l.strip():
+            i, t = map(int, l.split())
+            ev[i].append(t)
+    g = [(b - a) / 1000 for ts in ev.values() for a, b in zip(ts, ts[1:])]
+    print(f'client: {len(ev)} streams, {len(g)} gaps: p50 {q(g, .5):.2f}  p90 {q(g, .9):.2f}  p99 {q(g, .99):.2f}  max {max(g):.2f} ms')
