@@ -131,6 +131,48 @@ void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView
   }
 }
 
+// Batched decode: matvec_rows for 4 rows of x at once, x [4, in] -> y [4, out]
+// (row stride `out`). Each weight vector is loaded (and widened) once for the
+// four; each (weight row, x row) keeps its own accumulator with exactly
+// matvec_rows's operations in its order (the same FMAs over i, the same
+// horizontal sum, tail and bias), so every output is bit-identical to
+// matvec_rows of that x row alone: batch invariance (ops.h, matmul_rows).
+template <DType D>
+void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0, int64_t r1) {
+  const int64_t in = w.cols(), out = w.rows();
+  const size_t rb = storage_bytes(D, size_t(in));
+  const int64_t in16 = in & ~int64_t(15);
+  const float* xs[4] = {x, x + in, x + 2 * in, x + 3 * in};
+  int64_t o = r0;
+  for (; o + 4 <= r1; o += 4) {
+    const std::byte* wr[4];
+    for (int r = 0; r < 4; ++r) wr[r] = w.data + size_t(o + r) * rb;
+    __m512 a[4][4];
+    for (int r = 0; r < 4; ++r)
+      for (int t = 0; t < 4; ++t) a[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in16; i += 16) {
+      const __m512 w0 = load16<D>(wr[0], i), w1 = load16<D>(wr[1], i), w2 = load16<D>(wr[2], i),
+                   w3 = load16<D>(wr[3], i);
+      for (int t = 0; t < 4; ++t) {
+        const __m512 xv = _mm512_loadu_ps(xs[t] + i);
+        a[0][t] = _mm512_fmadd_ps(w0, xv, a[0][t]);
+        a[1][t] = _mm512_fmadd_ps(w1, xv, a[1][t]);
+        a[2][t] = _mm512_fmadd_ps(w2, xv, a[2][t]);
+        a[3][t] = _mm512_fmadd_ps(w3, xv, a[3][t]);
+      }
+    }
+    for (int t = 0; t < 4; ++t)
+      for (int r = 0; r < 4; ++r) {
+        float s = _mm512_reduce_add_ps(a[r][t]);
+        for (int64_t i = in16; i < in; ++i) s += load1<D>(wr[r], i) * xs[t][i];
+        if (bias) s += bias->at_f32(o + r);
+        y[t * out + o + r] = s;
+      }
+  }
+  if (o < r1)
+    for (int t = 0; t < 4; ++t) matvec_rows<D>(w, xs[t], y + t * out, bias, o, r1);
+}
+
 // Prefill: a blocked matmul. A panel of kNR weight rows is widened to fp32
 // once, stored k-major ([in, kNR]) so one k step is two vector loads, and
 // reused by every token; a kMR x kNR tile of outputs lives in 16 registers.
@@ -221,6 +263,14 @@ void matvec_rows_any(const TensorView& w, const float* x, float* y, const Tensor
     default: return matvec_rows<DType::F16>(w, x, y, bias, r0, r1);
   }
 }
+void matvec_rows_x4_any(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0,
+                        int64_t r1) {
+  switch (w.dtype) {
+    case DType::F32: return matvec_rows_x4<DType::F32>(w, x, y, bias, r0, r1);
+    case DType::BF16: return matvec_rows_x4<DType::BF16>(w, x, y, bias, r0, r1);
+    default: return matvec_rows_x4<DType::F16>(w, x, y, bias, r0, r1);
+  }
+}
 void gemm_panel_any(const TensorView& w, const float* x, int64_t n, float* y, const TensorView* bias, int64_t o0,
                     float* panel) {
   switch (w.dtype) {
@@ -238,6 +288,9 @@ void matvec_rows_any(const TensorView&, const float*, float*, const TensorView*,
 }
 void gemm_panel_any(const TensorView&, const float*, int64_t, float*, const TensorView*, int64_t, float*) {
   fail("matmul: no blocked gemm on this architecture");
+}
+void matvec_rows_x4_any(const TensorView&, const float*, float*, const TensorView*, int64_t, int64_t) {
+  fail("matmul: no blocked matvec on this architecture");
 }
 #endif  // PTLLM_X86
 
@@ -378,7 +431,13 @@ void rows_range(const TensorView& w, const float* x, int64_t n, float* y, const 
   const size_t row_bytes = storage_bytes(w.dtype, size_t(in));
   for (int64_t o0 = r0; o0 < r1; o0 += kRowBlock) {
     const int64_t o1 = std::min(o0 + kRowBlock, r1);
-    for (int64_t t = 0; t < n; ++t) {
+    int64_t t = 0;
+    // Four rows of x share each load of the weight block (the block is in L1
+    // either way; this saves the widening and the loads, not DRAM traffic).
+    static const bool no_x4 = std::getenv("PTLLM_NO_X4") != nullptr;
+    if (fast && !no_x4)
+      for (; t + 4 <= n; t += 4) matvec_rows_x4_any(w, x + t * in, y + t * out, bias, o0, o1);
+    for (; t < n; ++t) {
       const float* xt = x + t * in;
       float* yt = y + t * out;
       if (fast) {

@@ -126,6 +126,40 @@ TEST_P(MatmulTest, SimdMatchesScalar) {
     }
 }
 
+// matmul_rows (batched decode) must give each row exactly what the one-row
+// decode product gives it, at every level, whatever the number of rows: the
+// AVX-512 path runs 4 rows of x per pass over a weight block, then the rest
+// one by one, so n from 1 to 9 covers both and their mix; `in` not a multiple
+// of 16 covers the scalar tail, `out` not a multiple of 4 the leftover weight
+// rows. Exact equality (no tolerance): batch invariance.
+TEST(Matmul, RowsEqualOneRowDecodeBitForBit) {
+  SimdGuard g;
+  for (auto level : ops::available_simd_levels())
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16})
+      for (int in : {16, 67, 256})
+        for (int out : {5, 37, 64})
+          for (bool with_bias : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << ops::simd_level_name(level) << " " << dtype_name(dtype) << " in " << in
+                                              << " out " << out << " bias " << with_bias);
+            ops::set_simd_level(level);
+            StoredMatrix w(dtype, out, in, 21);
+            StoredMatrix b(DType::F32, 1, out, 22);
+            TensorView bias{b.view.data, DType::F32, {out}};
+            const int n = 9;
+            auto x = randn(size_t(n * in), 23);
+            std::vector<float> one(size_t(n * out));
+            for (int t = 0; t < n; ++t)
+              ops::matmul(w.view, x.data() + t * in, 1, one.data() + t * out, with_bias ? &bias : nullptr);
+            for (int rows = 1; rows <= n; ++rows) {
+              std::vector<float> got(size_t(rows * out), NAN);
+              const ops::MatmulJob job{&w.view, got.data(), with_bias ? &bias : nullptr};
+              ops::matmul_rows(x.data(), rows, &job, 1);
+              for (int i = 0; i < rows * out; ++i)
+                ASSERT_EQ(got[size_t(i)], one[size_t(i)]) << "rows " << rows << " t " << i / out << " o " << i % out;
+            }
+          }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16),
                                             ::testing::Values(1, 5, 37, 64, 100),   // out rows
