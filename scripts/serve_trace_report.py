@@ -39,3 +39,14 @@ if len(sys.argv) > 2:
             ev[i].append(t)
     g = [(b - a) / 1000 for ts in ev.values() for a, b in zip(ts, ts[1:])]
     print(f'client: {len(ev)} streams, {len(g)} gaps: p50 {q(g, .5):.2f}  p90 {q(g, .9):.2f}  p99 {q(g, .99):.2f}  max {max(g):.2f} ms')
+    # Delivery: each event's arrival after the end of the latest step before it.
+    import bisect
+    ends = sorted(s[0] + s[1] + s[2] for s in steps)
+    d = []
+    for ts in ev.values():
+        for t in ts:
+            k = bisect.bisect_right(ends, t) - 1
+            if k >= 0:
+                d.append((t - ends[k]) / 1000)
+    if d:
+        print(f'delivery (event after its step ended): p50 {q(d, .5):.2f}  p90 {q(d, .9):.2f}  p99 {q(d, .99):.2f}  max {max(d):.2f} ms')

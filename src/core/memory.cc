@@ -3,7 +3,6 @@
 #include <cstdint>
 
 #if defined(__linux__)
-#include <sys/mman.h>
 #include <unistd.h>
 #endif
 
@@ -16,10 +15,6 @@ void populate_pages(void* p, size_t bytes) {
   const uintptr_t begin = (uintptr_t(p) + page - 1) & ~(page - 1);
   const uintptr_t end = (uintptr_t(p) + bytes) & ~(page - 1);
   if (end <= begin) return;
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; an older kernel answers EINVAL and we touch instead
-#endif
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
   for (uintptr_t a = begin; a < end; a += page) {
     volatile unsigned char* b = reinterpret_cast<volatile unsigned char*>(a);
     *b = *b;

@@ -47,8 +47,11 @@ StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheSpec& o) : KVCa
         rot_.emplace_back(s.head_dim, 0x5eed0000ull + uint64_t(l * 4096 + h));  // fixed seed per (layer, head)
   }
   // Read-back buffers for one layer, sized once so memory stays flat while decoding.
-  kbuf_.resize(size_t(s.n_kv_heads * s.capacity * s.head_dim));
-  vbuf_.resize(kbuf_.size());
+  // Only for stores that are not read in place: an fp32 or grouped KIVI cache
+  // has none (so no idle 2 x [n_kv_heads, capacity, head_dim] floats).
+  const size_t staged = size_t(s.n_kv_heads * s.capacity * s.head_dim);
+  if (!k_.empty() && !k_[0]->reads_in_place()) kbuf_.resize(staged);
+  if (!v_.empty() && !v_[0]->reads_in_place()) vbuf_.resize(staged);
 }
 
 void StorageKVCache::ensure_slot_table(int64_t len) {
@@ -260,16 +263,10 @@ std::string StorageKVCache::describe() const {
 }
 
 void StorageKVCache::populate() {
-  bool staged = false;
   for (auto* stores : {&k_, &v_})
-    for (auto& st : *stores) {
-      st->populate();
-      staged = staged || !st->reads_in_place();
-    }
-  if (staged) {
-    populate_pages(kbuf_.data(), kbuf_.size() * sizeof(float));
-    populate_pages(vbuf_.data(), vbuf_.size() * sizeof(float));
-  }
+    for (auto& st : *stores) st->populate();
+  populate_pages(kbuf_.data(), kbuf_.size() * sizeof(float));
+  populate_pages(vbuf_.data(), vbuf_.size() * sizeof(float));
   // The slot table would otherwise grow (and be computed) by doubling during decode.
   if (keys_prerope_) ensure_slot_table(shape_.capacity);
 }
