@@ -434,6 +434,7 @@ void rows_range(const TensorView& w, const float* x, int64_t n, float* y, const 
     int64_t t = 0;
     // Four rows of x share each load of the weight block (the block is in L1
     // either way; this saves the widening and the loads, not DRAM traffic).
+    // PTLLM_NO_X4=1 turns it off, for A/B runs (docs/BENCHMARKS.md).
     static const bool no_x4 = std::getenv("PTLLM_NO_X4") != nullptr;
     if (fast && !no_x4)
       for (; t + 4 <= n; t += 4) matvec_rows_x4_any(w, x + t * in, y + t * out, bias, o0, o1);

@@ -5,9 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -304,7 +301,6 @@ void Scheduler::start() {
   // thread takes the size of the thread that starts it.
   const int threads = omp_get_max_threads();
   thread_ = std::thread([this, threads] {
-    if (const char* e = std::getenv("PTLLM_SERVE_COMPUTE_NICE")) ::setpriority(PRIO_PROCESS, pid_t(::syscall(SYS_gettid)), std::atoi(e));
     omp_set_num_threads(threads);
     loop();
   });
