@@ -401,9 +401,13 @@ void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first
       g->bits = c.kivi() ? c.bits() : 0;
     }
     g->seqs.push_back(b);
-    const int64_t len = first[b] + 1;
-    const int64_t chunk = c.kivi() ? k::kivi_decode_chunk() : 256;
-    g->S = std::max(g->S, int((len + chunk - 1) / chunk));
+    g->max_len = std::max(g->max_len, first[b] + 1);
+    if (c.kivi()) g->min_g = std::min(g->min_g, c.kivi_layer(0).G);
+  }
+  for (Group& g : groups_) {
+    if (g.kivi) g.plan = k::kivi_dec_plan(hd_, nh, kvh_, g.min_g, g.max_len, int64_t(g.seqs.size()));
+    const int64_t chunk = g.kivi ? g.plan.chunk : 256;
+    g.S = int((g.max_len + chunk - 1) / chunk);
   }
   const auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   size_t per_layer = 0;
@@ -481,7 +485,7 @@ void BatchAttend::run_layer(int64_t l, cudaStream_t s) const {
     if (g.kivi) {
       k::kivi_append_batch(reinterpret_cast<const k::AppendKiviB*>(app), B, kvh_, g.e, s);
       for (int64_t b : g.seqs) caches_[b]->kivi_flushes(l, s);
-      k::attend_kivi_batch(reinterpret_cast<const k::AttendKivi*>(att), B, nh_, kvh_, hd_, g.S, g.e, g.bits, s);
+      k::attend_kivi_batch(reinterpret_cast<const k::AttendKivi*>(att), B, nh_, kvh_, hd_, g.S, g.plan, g.e, g.bits, s);
     } else {
       k::append_plain_batch(reinterpret_cast<const k::AppendPlainB*>(app), B, kvh_, g.e, s);
       k::attend_plain_batch(reinterpret_cast<const k::Attend*>(att), B, nh_, hd_, g.S, g.e, s);
