@@ -66,7 +66,7 @@ if [ "$PART" = micro ] || [ "$PART" = all ]; then
   if command -v ncu >/dev/null; then
     echo "== ncu: the int4 decode kernel and the split combine apart, 32K (kernel durations, --clock-control none)"
     for k in 2 1; do
-      PTLLM_CUDA_KIVI_DEC=$k PTLLM_BENCH_MODES=int4 timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum \
+      PTLLM_CUDA_KIVI_DEC=$k PTLLM_BENCH_MODES=int4 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum -c 200 \
         -k regex:"attend_kivi_dec|combine" $B/cuda_attn_bench 32768 > "$OUT/ncu_dec$k.txt" 2>&1
       python3 - "$OUT/ncu_dec$k.txt" <<'PY'
 import re, sys, collections
