@@ -27,8 +27,8 @@ if [ "$PART" != bench ]; then
   PTLLM_CUDA_GEMM_ROWS=0 PTLLM_CUDA_BATCH_LAUNCH=0 timeout 200 $B/cuda_backend_test --gtest_color=no \
     --gtest_filter='*Batch*:*Stories260K*:*Llama*:*Qwen*:*Mistral*:*TinyGpt*' 2>&1 |
     grep -v "^\[ RUN\|Google Test trace" | tee "$OUT/tests_old_paths.txt" | grep -v "^\[       OK\|^$"
-  echo "== the KIVI decode tests with 2 tiles per split (the online softmax across tiles), then with the session-7 kernel"
-  for e in PTLLM_CUDA_KIVI_TILES=2 PTLLM_CUDA_KIVI_DEC=1; do
+  echo "== the KIVI decode tests with 2 tiles per split (the online softmax across tiles), the session-7 kernel, the general kernel"
+  for e in PTLLM_CUDA_KIVI_TILES=2 PTLLM_CUDA_KIVI_DEC=1 PTLLM_CUDA_KIVI_DEC=0; do
     env $e timeout 120 $B/cuda_backend_test --gtest_color=no --gtest_filter='*KiviLayer*:*BatchKivi*' 2>&1 |
       grep -v "^\[ RUN\|Google Test trace" | sed "s/^/$e: /" | tee -a "$OUT/tests_kivi_variants.txt" | grep -v "OK \]\|: $"
   done
@@ -72,8 +72,10 @@ if [ "$PART" = micro ] || [ "$PART" = all ]; then
 import re, sys, collections
 d = collections.defaultdict(list); name = None
 for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"\s+(\S+?)(<.*?>)?\((.*)\)\s*\((\d+), (\d+), (\d+)\)x", line)
-    if m: name = m.group(1) + " grid(" + ",".join(m.group(4, 5, 6)) + ")"
+    m = re.match(r"\s+(?:void )?(.*?) \((\d+), (\d+), (\d+)\)x\(", line)
+    if m:
+        k = re.search(r"(\w+_kernel(<[^>]*>)?)", m.group(1))
+        name = (k.group(1) if k else m.group(1)[:40]) + " grid(%s,%s,%s)" % m.group(2, 3, 4)
     m = re.search(r"gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)", line)
     if m and name:
         v = float(m.group(2).replace(",", "")); d[name].append(v * (1e-3 if m.group(1) == "ns" else 1))
