@@ -134,10 +134,15 @@ void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream
 // of the sequences; max_len, B: their longest length (slots) and count.
 // PTLLM_CUDA_KIVI_DEC=0|1|2 caps the kind (default 2), PTLLM_CUDA_KIVI_TILES=N
 // fixes kind 2's tiles per split (default: from the work).
+// (kivi_dec_plan is host code in gpu_cache.cc; the kernels' constants are these.)
 struct KiviDecPlan {
   int kind = 0, chunk = 64, maxg = 0;
 };
 KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, int64_t B);
+constexpr int kKiviDecChunk = 128;                 // kind 1: slots per split (one per thread)
+constexpr int kKiviDec2Tile = 256, kKiviDec2MinG = 8;  // kind 2: slots per tile (two per thread), least group
+constexpr int kivi_dec2_max_groups(int min_g) { return kKiviDec2Tile / min_g + 2; }  // groups a tile can touch
+int kivi_chunk(int n);  // the general kernel's slots per split for n queries
 // S counts splits of plan.chunk slots (plan from kivi_dec_plan over the launch's sequences).
 void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, const KiviDecPlan& plan, Elem re,
                        int bits, cudaStream_t s);

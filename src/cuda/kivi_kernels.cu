@@ -3,7 +3,6 @@
 // the packed codes + residual + sinks. Shapes: kernels.h.
 #include "cuda/kernels_common.cuh"
 
-#include <cstdlib>
 #include <type_traits>
 
 namespace ptllm::cuda::k {
@@ -352,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) attend_kivi_batch_kernel(const Atten
 //     Thread (cw, sl): 8 channels cw*8.. of every SL-th slot; the SL slot lanes'
 //     sums meet in shared memory at the end.
 // Sink and residual slots take the same loops with full-precision rows.
-constexpr int kDecChunk = 128;
+constexpr int kDecChunk = kKiviDecChunk;  // kernels.h
 
 __device__ __forceinline__ float u2f(unsigned u) {  // exact for u < 2^23, no I2F
   return __uint_as_float(0x4B000000u | u) - 8388608.f;
@@ -574,8 +573,8 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a
 //    slot by slot;
 //  - per head the tile's max and exps against the running max (one warp per head),
 //    the V accumulators rescaled by exp(m_old - m_new), then V as attend_kivi_dec_kernel.
-constexpr int kD2Tile = 256, kD2MinG = 8, kD2Threads = 128;
-constexpr int d2_max_groups(int min_g) { return kD2Tile / min_g + 2; }
+constexpr int kD2Tile = kKiviDec2Tile, kD2MinG = kKiviDec2MinG, kD2Threads = 128;  // kernels.h
+constexpr int d2_max_groups(int min_g) { return kivi_dec2_max_groups(min_g); }
 template <int HD, int GRP>
 __host__ __device__ constexpr int d2_region0_floats(int maxg) {
   // qs [2][HD/2][16] + kp [maxg][HD/2] float4, later aliased by vred [SL][GRP][HD]
@@ -625,7 +624,7 @@ __device__ __forceinline__ void rot_dot2(const float* qq, float a0, float a1, fl
 }
 
 template <class T, int BITS, int HD, int GRP>
-__global__ void __launch_bounds__(kD2Threads) attend_kivi_dec2_kernel(AttendKivi a1, const AttendKivi* as, int chunk,
+__global__ void __launch_bounds__(kD2Threads, GRP <= 4 ? 4 : 2) attend_kivi_dec2_kernel(AttendKivi a1, const AttendKivi* as, int chunk,
                                                                        int maxg) {
   const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
   constexpr int half = HD / 2, C = kD2Threads, TL = kD2Tile;
@@ -949,7 +948,6 @@ struct AttendKiviDec2Launch {
     if (hd == 128) by_grp(std::integral_constant<int, 128>{});
   }
 };
-bool dec_shape_ok(int hd, int grp) { return (hd == 64 || hd == 128) && (grp == 1 || grp == 2 || grp == 4 || grp == 8); }
 template <class T, int BITS>
 struct AttendKiviLaunch {
   static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
@@ -990,44 +988,6 @@ void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream
   if (re == Elem::F32) kivi_append_batch_kernel<float><<<grid, 128, 0, s>>>(d);
   if (re == Elem::F16) kivi_append_batch_kernel<__half><<<grid, 128, 0, s>>>(d);
   if (re == Elem::BF16) kivi_append_batch_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(d);
-}
-
-namespace {
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-      return 132;
-    return v;
-  }();
-  return n;
-}
-}  // namespace
-
-KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, int64_t B) {
-  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 2);
-  static const int tiles = env_int("PTLLM_CUDA_KIVI_TILES", 0);
-  KiviDecPlan p;
-  p.chunk = kivi_chunk(1);
-  if (kvh <= 0 || nh % kvh != 0 || !dec_shape_ok(hd, nh / kvh) || cap_kind <= 0) return p;
-  p.kind = 1;
-  p.chunk = kDecChunk;
-  if (cap_kind == 1 || min_g < kD2MinG) return p;
-  p.kind = 2;
-  p.maxg = d2_max_groups(min_g < kD2Tile ? min_g : kD2Tile);
-  // Tiles per split: enough blocks (KV heads x splits x sequences) for about
-  // kD2BlocksPerSm per multiprocessor, at most 16 tiles (4,096 slots) per split.
-  constexpr int kD2BlocksPerSm = 4;
-  const int64_t work = B * kvh * ((max_len + kD2Tile - 1) / kD2Tile);
-  int64_t nt = work / (int64_t(sm_count()) * kD2BlocksPerSm);
-  nt = tiles > 0 ? tiles : nt < 1 ? 1 : nt > 16 ? 16 : nt;
-  p.chunk = int(nt) * kD2Tile;
-  return p;
 }
 
 void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, const KiviDecPlan& plan, Elem re,
