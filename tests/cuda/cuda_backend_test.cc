@@ -463,12 +463,13 @@ TEST(CudaBackend, BatchKiviHeadDim64MatchesCpu) {
               worst);
 }
 
-// The two-slots-per-thread KIVI decode kernel (session 8) through its batched launch:
-// int4 caches whose groups are all >= 8 tokens (smaller groups keep the session-7
-// kernel), sequences of 3 to 603 tokens (up to 3 tiles of 256 slots), unbounded and
-// sink + window, 24 steps against the CPU within 1e-2 (as BatchKiviHeadDim64MatchesCpu).
-// The device script runs it again with PTLLM_CUDA_KIVI_TILES=2 (splits of 2 tiles:
-// the online softmax across tiles) and PTLLM_CUDA_KIVI_DEC=1 (the session-7 kernel).
+// The batched KIVI decode launch over int4 caches whose groups are all >= 8 tokens (what
+// the two-slots-per-thread kernel of session 8 takes when PTLLM_CUDA_KIVI_DEC=2; the
+// default is the session-7 kernel), sequences of 3 to 603 tokens (up to 3 tiles of 256
+// slots), unbounded and sink + window, 24 steps against the CPU within 1e-2 (as
+// BatchKiviHeadDim64MatchesCpu). The device script runs it with PTLLM_CUDA_KIVI_DEC=2, with
+// PTLLM_CUDA_KIVI_DEC=2 PTLLM_CUDA_KIVI_TILES=2 (the online softmax across tiles) and with
+// PTLLM_CUDA_KIVI_DEC=0 (the general kernel).
 TEST(CudaBackend, BatchKiviTwoSlotKernelMatchesCpu) {
   RandomModelOptions opt;
   opt.config = random_model_preset("llama-3.2-1b");
