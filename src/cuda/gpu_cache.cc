@@ -397,7 +397,8 @@ int sm_count() {
 
 namespace k {
 KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, int64_t B) {
-  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 2);
+  // Default 1: the two-slot kernel (2) measured slower on the H200 (docs/CUDA.md, Session 8).
+  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 1);
   static const int tiles = env_int("PTLLM_CUDA_KIVI_TILES", 0);
   KiviDecPlan p;
   p.chunk = kivi_chunk(1);

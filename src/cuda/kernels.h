@@ -132,7 +132,7 @@ void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream
 // tiles in a loop (chunk: a multiple of 256 slots, chosen from the work so that
 // the whole GPU is busy; maxg: K groups per tile). min_g: the smallest KIVI group
 // of the sequences; max_len, B: their longest length (slots) and count.
-// PTLLM_CUDA_KIVI_DEC=0|1|2 caps the kind (default 2), PTLLM_CUDA_KIVI_TILES=N
+// PTLLM_CUDA_KIVI_DEC=0|1|2 caps the kind (default 1: kind 2 measured slower), PTLLM_CUDA_KIVI_TILES=N
 // fixes kind 2's tiles per split (default: from the work).
 // (kivi_dec_plan is host code in gpu_cache.cc; the kernels' constants are these.)
 struct KiviDecPlan {
