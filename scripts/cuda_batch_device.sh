@@ -7,24 +7,15 @@
 # (posttrainllm, cuda_backend_test built elsewhere with
 # -DPTLLM_SHARED_DIR=/tmp/ptllm-shared-lite; lib.tar.gz: the .so files the
 # device lacks), shared-lite/ (fixtures, stories260K, text.txt) and
-# cuda_batch_anchor.py. PART=tests|micro|bench|all (default all). Results go to $OUT.
+# cuda_batch_anchor.py and cuda_device_env.sh. PART=tests|micro|bench|all (default all).
+# Results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-all}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
 ln -sfn "$PWD/shared-lite" /tmp/ptllm-shared-lite
-B=prebuilt
-[ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
-# cuBLAS (loaded at run time by the GEMM path): the toolkit's, else the one PyTorch's wheels bring.
-CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)
-SITES="$(python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null) /usr/local/lib /opt"
-for v in 13 12; do
-  [ -n "$CUB" ] && break
-  for d in $SITES; do CUB=$(find "$d" -name "libcublas.so.$v" 2>/dev/null | head -1); [ -n "$CUB" ] && break; done
-done
-[ -n "$CUB" ] && export PTLLM_CUBLAS=$CUB
+. "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH
 echo "cuBLAS: ${CUB:-none found}"; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-export LD_LIBRARY_PATH=$PWD/$B/lib:${CUB:+$(dirname "$CUB"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 if ! $B/posttrainllm --help >/dev/null 2>&1; then
   echo "prebuilt binaries do not run here"; ldd $B/posttrainllm | grep "not found"; exit 1
 fi
@@ -36,6 +27,11 @@ if [ "$PART" != bench ]; then
   PTLLM_CUDA_GEMM_ROWS=0 PTLLM_CUDA_BATCH_LAUNCH=0 timeout 200 $B/cuda_backend_test --gtest_color=no \
     --gtest_filter='*Batch*:*Stories260K*:*Llama*:*Qwen*:*Mistral*:*TinyGpt*' 2>&1 |
     grep -v "^\[ RUN\|Google Test trace" | tee "$OUT/tests_old_paths.txt" | grep -v "^\[       OK\|^$"
+  echo "== the KIVI decode tests with the two-slot kernel (1 and 2 tiles per split: the online softmax across tiles), the general kernel"
+  for e in PTLLM_CUDA_KIVI_DEC=2 "PTLLM_CUDA_KIVI_DEC=2 PTLLM_CUDA_KIVI_TILES=2" PTLLM_CUDA_KIVI_DEC=0; do
+    env $e timeout 120 $B/cuda_backend_test --gtest_color=no --gtest_filter='*KiviLayer*:*BatchKivi*' 2>&1 |
+      grep -v "^\[ RUN\|Google Test trace" | sed "s/^/$e: /" | tee -a "$OUT/tests_kivi_variants.txt" | grep -v "OK \]\|: $"
+  done
   M=shared-lite/models/stories260K
   KIVI="--kivi-group 8 --kivi-residual 16"
   echo "== sample cpu vs cuda (stories260K, greedy)"
@@ -62,6 +58,35 @@ fi
 if [ "$PART" = micro ] || [ "$PART" = all ]; then
   echo "== decode attention alone (one layer, 8 KV heads x 128, 32 query heads), CUDA events"
   timeout 200 $B/cuda_attn_bench ${DEPTHS:-32768} 2>&1 | tee -a "$OUT/attn.jsonl"
+  echo "== the two-slot kernel, int4 at 32K with 1 / 2 / 4 / 8 tiles of 256 slots per split"
+  for t in 1 2 4 8; do
+    PTLLM_BENCH_MODES=int4 PTLLM_CUDA_KIVI_DEC=2 PTLLM_CUDA_KIVI_TILES=$t timeout 60 $B/cuda_attn_bench 32768 2>&1 | grep decode |
+      sed "s/^{/{\"tiles\": $t, /" | tee -a "$OUT/attn.jsonl"
+  done
+  if command -v ncu >/dev/null; then
+    echo "== ncu: the int4 decode kernel and the split combine apart, 32K (kernel durations, --clock-control none)"
+    for k in 2 1; do
+      PTLLM_CUDA_KIVI_DEC=$k PTLLM_BENCH_MODES=int4 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum -c 200 \
+        -k regex:"attend_kivi_dec|combine" $B/cuda_attn_bench 32768 > "$OUT/ncu_dec$k.txt" 2>&1
+      python3 - "$OUT/ncu_dec$k.txt" <<'PY'
+import re, sys, collections
+d = collections.defaultdict(list); name = None
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"\s+(?:void )?(.*?) \((\d+), (\d+), (\d+)\)x\(", line)
+    if m:
+        k = re.search(r"(\w+_kernel(<[^>]*>)?)", m.group(1))
+        name = (k.group(1) if k else m.group(1)[:40]) + " grid(%s,%s,%s)" % m.group(2, 3, 4)
+    m = re.search(r"gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)", line)
+    if m and name:
+        v = float(m.group(2).replace(",", "")); d[name].append(v * (1e-3 if m.group(1) == "ns" else 1))
+for k, v in d.items():
+    v.sort(); print("%-60s n %4d  median %.2f us  min %.2f us" % (k[:60], len(v), v[len(v) // 2], v[0]))
+PY
+    done
+  fi
+  echo "== the same with the two-slot KIVI decode kernel (PTLLM_CUDA_KIVI_DEC=2)"
+  PTLLM_CUDA_KIVI_DEC=2 timeout 200 $B/cuda_attn_bench ${DEPTHS:-32768} 2>&1 | grep -v fp16 | sed 's/^{/{"kernel": "two-slot", /' |
+    tee -a "$OUT/attn.jsonl"
   echo "== Llama-3.2-1B shape, batch 1 (goal: >= 70% of bandwidth)"
   $B/posttrainllm make-random /tmp/l1b.gguf --preset llama-3.2-1b --type bf16 2>&1 | tail -1
   for kv in fp16 int4; do
@@ -89,6 +114,7 @@ uptime
 for round in 1 2; do
   bench "b64 d8192 fp16 (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize fp16
   bench "b64 d8192 int4 G32 R128 (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize int4
+  PTLLM_CUDA_KIVI_DEC=2 bench "b64 d8192 int4 two-slot (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize int4
   [ $round = 1 ] && { echo "== transformers fp16 SDPA static cache, same shape, batch 64, depth 8192";
     timeout 300 python3 cuda_batch_anchor.py $LAYERS 64 8192 $((GEN + 4)) 2>&1 | grep -v Warning | tee -a "$OUT/anchor.jsonl"; }
 done

@@ -5,17 +5,10 @@
 # streams (KV1B='{"quantize":"int4","sink":4,"window":1020}' gives each request a bounded cache;
 # unbounded, a 1B request reserves its whole 128K context and one fits in --kv-budget 8GiB).
 # Run from a folder holding prebuilt/ (as scripts/cuda_batch_device.sh), shared-lite/ and
-# serve_load_stdlib.py (the device has Python but no Node). DEVS="" skips the stories260K part.
+# serve_load_stdlib.py and cuda_device_env.sh (the device has Python but no Node). DEVS="" skips the stories260K part.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-B=prebuilt
-[ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
-CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)
-SITES="$(python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null) /usr/local/lib /opt"
-for v in 13 12; do [ -n "$CUB" ] && break
-  for d in $SITES; do CUB=$(find "$d" -name "libcublas.so.$v" 2>/dev/null | head -1); [ -n "$CUB" ] && break; done; done
-[ -n "$CUB" ] && export PTLLM_CUBLAS=$CUB
-export LD_LIBRARY_PATH=$PWD/$B/lib:${CUB:+$(dirname "$CUB"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 start() {  # log, args... -> sets URL, SPID
   local log=$1; shift

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -377,6 +378,50 @@ BatchAttend::~BatchAttend() {
   if (host_) cudaFreeHost(host_);
 }
 
+namespace {
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+}  // namespace
+
+namespace k {
+KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, int64_t B) {
+  // Default 1: the two-slot kernel (2) measured slower on the H200 (docs/CUDA.md, Session 8).
+  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 1);
+  static const int tiles = env_int("PTLLM_CUDA_KIVI_TILES", 0);
+  KiviDecPlan p;
+  p.chunk = kivi_chunk(1);
+  const int grp = kvh > 0 ? nh / kvh : 0;
+  const bool shape = kvh > 0 && nh % kvh == 0 && (hd == 64 || hd == 128) && (grp == 1 || grp == 2 || grp == 4 || grp == 8);
+  if (!shape || cap_kind <= 0) return p;
+  p.kind = 1;
+  p.chunk = kKiviDecChunk;
+  if (cap_kind == 1 || min_g < kKiviDec2MinG) return p;
+  p.kind = 2;
+  p.maxg = kivi_dec2_max_groups(min_g < kKiviDec2Tile ? min_g : kKiviDec2Tile);
+  // Tiles per split: about kBlocksPerSm blocks (KV heads x splits x sequences) per
+  // multiprocessor (about 4 resident at a time: about 4 waves), at most 16 tiles per
+  // split. One tile per split measured fastest for one sequence at 32K (session 8).
+  constexpr int kBlocksPerSm = 16;
+  const int64_t work = B * kvh * ((max_len + kKiviDec2Tile - 1) / kKiviDec2Tile);
+  int64_t nt = work / (int64_t(sm_count()) * kBlocksPerSm);
+  nt = tiles > 0 ? tiles : nt < 1 ? 1 : nt > 16 ? 16 : nt;
+  p.chunk = int(nt) * kKiviDec2Tile;
+  return p;
+}
+}  // namespace k
+
 void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first, int64_t n_layers, int nh,
                        float scale, const float* kk, const float* kraw, const float* vv, const float* q,
                        const float* qcs, float* out, float* part, int64_t part_stride, cudaStream_t s) {
@@ -401,9 +446,13 @@ void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first
       g->bits = c.kivi() ? c.bits() : 0;
     }
     g->seqs.push_back(b);
-    const int64_t len = first[b] + 1;
-    const int64_t chunk = c.kivi() ? k::kivi_decode_chunk() : 256;
-    g->S = std::max(g->S, int((len + chunk - 1) / chunk));
+    g->max_len = std::max(g->max_len, first[b] + 1);
+    if (c.kivi()) g->min_g = std::min(g->min_g, c.kivi_layer(0).G);
+  }
+  for (Group& g : groups_) {
+    if (g.kivi) g.plan = k::kivi_dec_plan(hd_, nh, kvh_, g.min_g, g.max_len, int64_t(g.seqs.size()));
+    const int64_t chunk = g.kivi ? g.plan.chunk : 256;
+    g.S = int((g.max_len + chunk - 1) / chunk);
   }
   const auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   size_t per_layer = 0;
@@ -481,7 +530,7 @@ void BatchAttend::run_layer(int64_t l, cudaStream_t s) const {
     if (g.kivi) {
       k::kivi_append_batch(reinterpret_cast<const k::AppendKiviB*>(app), B, kvh_, g.e, s);
       for (int64_t b : g.seqs) caches_[b]->kivi_flushes(l, s);
-      k::attend_kivi_batch(reinterpret_cast<const k::AttendKivi*>(att), B, nh_, kvh_, hd_, g.S, g.e, g.bits, s);
+      k::attend_kivi_batch(reinterpret_cast<const k::AttendKivi*>(att), B, nh_, kvh_, hd_, g.S, g.plan, g.e, g.bits, s);
     } else {
       k::append_plain_batch(reinterpret_cast<const k::AppendPlainB*>(app), B, kvh_, g.e, s);
       k::attend_plain_batch(reinterpret_cast<const k::Attend*>(att), B, nh_, hd_, g.S, g.e, s);

@@ -252,11 +252,10 @@ __global__ void __launch_bounds__(128) combine_kernel(const float* part, int S, 
 
 int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
 
-// Slots per split of the KIVI kernel: one query (decode) takes the lanes-over-slots
-// kernel's 128 slots (kivi_kernels.cu kDecChunk, one per thread); a few queries use
-// short splits so that a GQA block of heads still leaves enough blocks for the whole
-// GPU; prefill chunks use kChunk.
-int kivi_chunk(int n) { return n == 1 ? 128 : n <= 8 ? 64 : kChunk; }
+// Slots per split of the general KIVI kernel: a few queries (decode too, when the
+// decode kernels do not take the shape: kivi_dec_plan) use short splits so that a GQA
+// block of heads still leaves enough blocks for the whole GPU; prefill chunks use kChunk.
+int kivi_chunk(int n) { return n <= 8 ? 64 : kChunk; }
 
 void combine(const float* part, int rows, int S, int hd, float* out, cudaStream_t s) {
   combine_kernel<<<rows, 128, 0, s>>>(part, S, hd, out);
@@ -349,7 +348,5 @@ void attend_plain_batch(const Attend* d, int B, int nh, int hd, int S, Elem e, c
   if (e == Elem::BF16) attend_batch_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(d);
   combine_batch_kernel<Attend><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
 }
-
-int kivi_decode_chunk() { return kivi_chunk(1); }
 
 }  // namespace ptllm::cuda::k

@@ -102,7 +102,8 @@ __device__ __forceinline__ const A& stage_params(const A* src) {
 // Merges one row's S split partials pp [S, hd + 2] (max, sum, o[hd]) into out[hd];
 // 128 threads (hd <= kMaxHd = 4 x 128). The max and the splits' weights are spread
 // over the threads (weights staged in shared memory, 1,024 splits at a time); each
-// channel's sum runs over the splits in order with the loads of 8 splits in flight.
+// channel's sum runs over the splits in order with the loads of 8 splits in flight
+// (session 8 measured 32 in flight: one sequence's combine at 32K 33 -> 75 us, so 8 stays).
 // A split that saw no slot (sum 0: its o is not written) weighs nothing.
 __device__ __forceinline__ float block_reduce_128(float x, bool is_max) {
   __shared__ float red[4];

@@ -8,6 +8,9 @@
 // copy bandwidth measured in the same process. Not a test (no ctest entry).
 //
 // usage: cuda_attn_bench [DEPTH ...]   (default 32768)
+// PTLLM_BENCH_MODES=int4,int8 runs only those of fp16 / int8 / int4 / int2 (e.g. under ncu).
+// The KIVI decode kernel follows PTLLM_CUDA_KIVI_DEC / PTLLM_CUDA_KIVI_TILES (cuda/kernels.h;
+// kivi_dec_plan).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -59,8 +62,11 @@ int main(int argc, char** argv) try {
   if (depths.empty()) depths = {32768};
   std::printf("{\"what\": \"copy_bandwidth\", \"GBps\": %.1f}\n", copy_gbps());
   const int64_t kvh = 8, nh = 32, hd = 128, KD = kvh * hd, QD = nh * hd;
+  const char* only = std::getenv("PTLLM_BENCH_MODES");
   for (int64_t depth : depths)
     for (const char* mode : {"fp16", "int8", "int4", "int2"}) {
+      if (only && *only && std::string(",") .append(only).append(",").find(std::string(",") + mode + ",") == std::string::npos)
+        continue;
       KVCacheShape sh;
       sh.n_layers = 1;
       sh.n_heads = nh;

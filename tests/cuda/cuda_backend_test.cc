@@ -334,16 +334,17 @@ TEST(CudaBackend, KiviLayerMatchesCpuExactly) {
 // worst error; the decoders are left in `cpu` / `gpu` for further checks.
 template <typename Ids>
 double batch_vs_cpu(const Model& m, const std::vector<CacheSpec>& specs, size_t prompt_step, int steps, Ids ids_of,
-                    double tol, std::vector<std::unique_ptr<Decoder>>& cpu, std::vector<std::unique_ptr<Decoder>>& gpu) {
+                    double tol, std::vector<std::unique_ptr<Decoder>>& cpu, std::vector<std::unique_ptr<Decoder>>& gpu,
+                    int64_t max_len = 64) {
   const int64_t V = m.config().vocab_size;
   const int B = int(specs.size());
   for (int b = 0; b < B; ++b) {
     std::vector<int32_t> p(3 + prompt_step * size_t(b));
     for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 31 + size_t(b) * 7) % size_t(V));
-    cpu.push_back(std::make_unique<Decoder>(m, make_cache(m.cache_shape(64), specs[size_t(b)])));
+    cpu.push_back(std::make_unique<Decoder>(m, make_cache(m.cache_shape(max_len), specs[size_t(b)])));
     cpu.back()->prefill(p);
     cuda::activate(m);
-    gpu.push_back(std::make_unique<Decoder>(m, make_cache(m.cache_shape(64), specs[size_t(b)])));
+    gpu.push_back(std::make_unique<Decoder>(m, make_cache(m.cache_shape(max_len), specs[size_t(b)])));
     cuda::deactivate();
     gpu.back()->prefill(p);
   }
@@ -458,6 +459,37 @@ TEST(CudaBackend, BatchKiviHeadDim64MatchesCpu) {
                                     1e-2, cpu, gpu);
   for (size_t b = 0; b < specs.size(); ++b) EXPECT_EQ(gpu[b]->cache().payload_bytes(), cpu[b]->cache().payload_bytes());
   std::printf("batch of 5 at head_dim 64, GQA 4 (int4, fp16, int2 sink + window, int8 absolute, int4 sink + window): "
+              "max rel logit err %.2e\n",
+              worst);
+}
+
+// The batched KIVI decode launch over int4 caches whose groups are all >= 8 tokens (what
+// the two-slots-per-thread kernel of session 8 takes when PTLLM_CUDA_KIVI_DEC=2; the
+// default is the session-7 kernel), sequences of 3 to 603 tokens (up to 3 tiles of 256
+// slots), unbounded and sink + window, 24 steps against the CPU within 1e-2 (as
+// BatchKiviHeadDim64MatchesCpu). The device script runs it with PTLLM_CUDA_KIVI_DEC=2, with
+// PTLLM_CUDA_KIVI_DEC=2 PTLLM_CUDA_KIVI_TILES=2 (the online softmax across tiles) and with
+// PTLLM_CUDA_KIVI_DEC=0 (the general kernel).
+TEST(CudaBackend, BatchKiviTwoSlotKernelMatchesCpu) {
+  RandomModelOptions opt;
+  opt.config = random_model_preset("llama-3.2-1b");
+  opt.config.hidden_size = 512, opt.config.n_layers = 2, opt.config.n_heads = 8, opt.config.n_kv_heads = 2;
+  opt.config.head_dim = 64, opt.config.intermediate_size = 512, opt.config.vocab_size = 300;
+  opt.type = DType::F32;
+  opt.std = 0.05f;
+  const std::string path = tmp_path("cuda_kivi_dec2.gguf");
+  write_random_gguf(path, opt);
+  auto m = load_gguf_model(path);
+  const std::vector<CacheSpec> specs = {cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 8, 16),
+                                        cache_spec(KVStorage::Int4, 4, 300, RopeMode::Reposition, 32, 32),
+                                        cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 16, 16),
+                                        cache_spec(KVStorage::Int4, 2, 250, RopeMode::Absolute, 8, 8),
+                                        cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, 128)};
+  std::vector<std::unique_ptr<Decoder>> cpu, gpu;
+  const double worst = batch_vs_cpu(*m, specs, 150, 24, [](int step, int b) { return (step * (7 + 4 * b) + b) % 300; },
+                                    1e-2, cpu, gpu, 700);
+  for (size_t b = 0; b < specs.size(); ++b) EXPECT_EQ(gpu[b]->cache().payload_bytes(), cpu[b]->cache().payload_bytes());
+  std::printf("batch of 5 int4 caches (G 8-32, unbounded and sink + window, up to 627 tokens) at head_dim 64, GQA 4: "
               "max rel logit err %.2e\n",
               worst);
 }

@@ -1,0 +1,15 @@
+# Sourced by the device scripts (cuda_batch_device.sh, cuda_serve_device.sh), run from a
+# folder holding prebuilt/ (posttrainllm and the test binaries; lib.tar.gz: the .so files
+# the device lacks): unpacks prebuilt/lib, finds a cuBLAS for the GEMM path (loaded at
+# run time: the toolkit's, else the one PyTorch's wheels bring) and sets B, CUB,
+# PTLLM_CUBLAS and LD_LIBRARY_PATH.
+B=prebuilt
+[ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
+CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)
+SITES="$(python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null) /usr/local/lib /opt"
+for v in 13 12; do
+  [ -n "$CUB" ] && break
+  for d in $SITES; do CUB=$(find "$d" -name "libcublas.so.$v" 2>/dev/null | head -1); [ -n "$CUB" ] && break; done
+done
+[ -n "$CUB" ] && export PTLLM_CUBLAS=$CUB
+export LD_LIBRARY_PATH=$PWD/$B/lib:${CUB:+$(dirname "$CUB"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
