@@ -15,8 +15,6 @@
 #include "app/commands.h"
 #include "app/common.h"
 #include "core/error.h"
-#include "core/memory.h"
-#include "core/uninit_vector.h"
 #include "engine/session.h"
 #include "serve/chat_renderer.h"
 #include "serve/engine_backend.h"
@@ -81,48 +79,18 @@ void run_until_signalled(serve::HttpServer& http, serve::Scheduler& sched) {
   fmt::print(stderr, "posttrainllm serve: stopped\n");
 }
 
-// At start-up, as llama-server allocates and clears its slots' cache: make
-// resident the caches of --max-sequences requests with the default settings
-// (within the budget, at most 1 GiB), then free them into the heap, where the
-// first requests' caches find them. Otherwise the first wave of requests pays
-// ~15 us per 4 KiB page of cache at admission (core/memory.h): 16 fp32
-// requests of flagship-27m, ~0.4 s of time to first token.
-void prefault_caches(serve::Backend& backend, const CacheSpec& spec, const serve::SchedulerConfig& sc) {
-  const size_t per = backend.reservation_bytes(spec);
-  if (per == 0) return;
-  const size_t total = std::min({sc.kv_budget, size_t(sc.max_sequences) * per, size_t(1) << 30});
-  std::vector<std::unique_ptr<serve::Sequence>> warm;
-  for (size_t held = 0; held + per <= total; held += per) warm.push_back(backend.start({0}, spec, SamplerConfig{}));
-  // A request also holds logits and sampler buffers ([vocab] each), and the
-  // HTTP threads allocate between the caches, so the caches of the first
-  // requests do not land where the warm ones were: a quarter more, freed with
-  // them into the same top of the heap, takes the difference (measured: 7,400
-  // page faults in a 16-request burst without it).
-  // In 4 MiB pieces: one block over the mmap threshold would be unmapped when freed.
-  std::vector<uninit_vector<uint8_t>> spare(total / 4 / (4 << 20) + warm.size() / 4 + 1);
-  for (auto& piece : spare) {
-    piece.resize(4 << 20);
-    populate_pages(piece.data(), piece.size());
-  }
-}
-
 void serve_main(ServeOpts& o) {
   o.cache.check();
 #ifdef M_MMAP_THRESHOLD
-  // A request's cache is made resident in full when it is admitted
-  // (KVCache::populate): the first touch of a fresh page costs ~15 us on this
-  // project's VM (core/memory.h), paid inside a step that every running stream
-  // waits for. Freed caches therefore stay in the heap for the next request
-  // (glibc's largest mmap threshold, no trimming), whose pages are then already
-  // resident; RSS stays at the high-water mark of the caches held at once,
-  // which the budget bounds. (Before: a 256 KiB threshold returned every cache
-  // to the kernel and pages were faulted in as rows arrived, so at 16 streams
-  // one decode step in 32 waited for ~3,000 page faults.)
+  // The first touch of a fresh page costs ~15 us on this project's VM
+  // (core/memory.h), paid inside a step that every running stream waits for.
+  // Caches are kept by the backend for later requests with the same settings
+  // (keep_caches below); what else a request allocates (logits, sampler
+  // buffers, a cache of other settings) stays in the heap when freed (glibc's
+  // largest mmap threshold, no trimming), so the next request finds it
+  // resident. RSS stays at the high-water mark, which the budget bounds.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-  // One heap for every thread: caches are made on the scheduler thread, and
-  // the memory made resident at start-up (below) must be where they look.
-  mallopt(M_ARENA_MAX, 1);
 #endif
   serve::SchedulerConfig sc;
   sc.kv_budget = parse_bytes(o.kv_budget, "--kv-budget");
@@ -146,7 +114,11 @@ void serve_main(ServeOpts& o) {
   if (default_need > sc.kv_budget)
     fail("--kv-budget {}: one request with the default cache ({}) reserves {} bytes, more than the budget",
          o.kv_budget, o.cache.describe(), default_need);
-  if (o.device.device == "cpu") prefault_caches(*backend, o.cache, sc);
+  // Finished requests' caches are kept for the next ones (resident pages:
+  // ~15 us per first touch of a 4 KiB page on this project's VM, core/memory.h),
+  // within the budget; the caches of --max-sequences default requests (at most
+  // 1 GiB of them) are made now, as llama-server allocates its slots at start-up.
+  backend->keep_caches(sc.kv_budget, o.cache, std::min<int64_t>(o.max_sequences, int64_t((size_t(1) << 30) / std::max<size_t>(default_need, 1))));
   serve::Metrics metrics;
   serve::Scheduler sched(*backend, sc, &metrics);
   serve::HttpServer http(o.server, lm, *backend, sched, metrics, chat);

@@ -83,6 +83,18 @@ inline float load1(const std::byte* row, int64_t i) {
   else return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
 }
 
+// The end of one (weight row o, x) dot product: the horizontal sum of the
+// vector accumulator, the scalar tail [in16, in), then the bias. matvec_rows
+// and matvec_rows_x4 both end every output here, so they give the same bits.
+template <DType D>
+inline float finish_row(__m512 acc, const std::byte* wrow, const float* x, int64_t in16, int64_t in,
+                        const TensorView* bias, int64_t o) {
+  float s = _mm512_reduce_add_ps(acc);
+  for (int64_t i = in16; i < in; ++i) s += load1<D>(wrow, i) * x[i];
+  if (bias) s += bias->at_f32(o);
+  return s;
+}
+
 // Decode: y[o] = W[o, :] · x (+ bias[o]) for o in [r0, r1). Four rows at a
 // time share each load of x, and their four horizontal sums overlap.
 template <DType D>
@@ -102,40 +114,24 @@ void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView
       a2 = _mm512_fmadd_ps(load16<D>(w2, i), xv, a2);
       a3 = _mm512_fmadd_ps(load16<D>(w3, i), xv, a3);
     }
-    float s0 = _mm512_reduce_add_ps(a0), s1 = _mm512_reduce_add_ps(a1), s2 = _mm512_reduce_add_ps(a2),
-          s3 = _mm512_reduce_add_ps(a3);
-    for (int64_t i = in16; i < in; ++i) {
-      s0 += load1<D>(w0, i) * x[i];
-      s1 += load1<D>(w1, i) * x[i];
-      s2 += load1<D>(w2, i) * x[i];
-      s3 += load1<D>(w3, i) * x[i];
-    }
-    if (bias) {
-      s0 += bias->at_f32(o);
-      s1 += bias->at_f32(o + 1);
-      s2 += bias->at_f32(o + 2);
-      s3 += bias->at_f32(o + 3);
-    }
-    y[o] = s0;
-    y[o + 1] = s1;
-    y[o + 2] = s2;
-    y[o + 3] = s3;
+    y[o] = finish_row<D>(a0, w0, x, in16, in, bias, o);
+    y[o + 1] = finish_row<D>(a1, w1, x, in16, in, bias, o + 1);
+    y[o + 2] = finish_row<D>(a2, w2, x, in16, in, bias, o + 2);
+    y[o + 3] = finish_row<D>(a3, w3, x, in16, in, bias, o + 3);
   }
   for (; o < r1; ++o) {
     const std::byte* w0 = w.data + size_t(o) * rb;
     __m512 a0 = _mm512_setzero_ps();
     for (int64_t i = 0; i < in16; i += 16) a0 = _mm512_fmadd_ps(load16<D>(w0, i), _mm512_loadu_ps(x + i), a0);
-    float s0 = _mm512_reduce_add_ps(a0);
-    for (int64_t i = in16; i < in; ++i) s0 += load1<D>(w0, i) * x[i];
-    y[o] = s0 + (bias ? bias->at_f32(o) : 0.f);
+    y[o] = finish_row<D>(a0, w0, x, in16, in, bias, o);
   }
 }
 
 // Batched decode: matvec_rows for 4 rows of x at once, x [4, in] -> y [4, out]
 // (row stride `out`). Each weight vector is loaded (and widened) once for the
 // four; each (weight row, x row) keeps its own accumulator with exactly
-// matvec_rows's operations in its order (the same FMAs over i, the same
-// horizontal sum, tail and bias), so every output is bit-identical to
+// matvec_rows's operations in its order (the same FMAs over i, then the same
+// finish_row), so every output is bit-identical to
 // matvec_rows of that x row alone: batch invariance (ops.h, matmul_rows).
 template <DType D>
 void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0, int64_t r1) {
@@ -162,12 +158,7 @@ void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorV
       }
     }
     for (int t = 0; t < 4; ++t)
-      for (int r = 0; r < 4; ++r) {
-        float s = _mm512_reduce_add_ps(a[r][t]);
-        for (int64_t i = in16; i < in; ++i) s += load1<D>(wr[r], i) * xs[t][i];
-        if (bias) s += bias->at_f32(o + r);
-        y[t * out + o + r] = s;
-      }
+      for (int r = 0; r < 4; ++r) y[t * out + o + r] = finish_row<D>(a[r][t], wr[r], xs[t], in16, in, bias, o + r);
   }
   if (o < r1)
     for (int t = 0; t < 4; ++t) matvec_rows<D>(w, xs[t], y + t * out, bias, o, r1);

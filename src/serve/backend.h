@@ -45,6 +45,15 @@ class Backend {
   virtual void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) = 0;
   // The sequence's cache cannot take another token (unbounded cache at the context).
   virtual bool full(const Sequence& seq) const = 0;
+  // Keep finished sequences' caches for later ones with the same settings, so
+  // that a new request finds its cache memory already resident: the caches
+  // running plus those kept stay within `limit_bytes` (counted as
+  // reservation_bytes each). Then make `warm` caches of `spec` now (as many as
+  // fit), as llama-server allocates its slots' cache at start-up. Called once,
+  // before the first start(). A backend without such memory ignores it.
+  virtual void keep_caches(size_t /*limit_bytes*/, const CacheSpec& /*spec*/, int64_t /*warm*/) {}
+  // Reservation bytes of the caches kept for later sequences (not running).
+  virtual size_t kept_bytes() const { return 0; }
 };
 
 }  // namespace ptllm::serve

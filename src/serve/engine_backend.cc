@@ -48,10 +48,80 @@ size_t full_cache_bytes(const Model& model, const CacheSpec& o) {
 
 namespace {
 
+// Caches of finished sequences, cleared, kept for the next sequence with the
+// same settings (keyed by the canonical spec). Why: the first touch of a fresh
+// page costs ~15 us on this project's VM (core/memory.h), and a cache made per
+// request is either faulted in at admission (KVCache::populate: a 16-request
+// burst of fp32 flagship-27m caches, ~7,000 faults) or inside decode steps that
+// every running stream waits for. A reused cache is already resident, and
+// clear() makes it behave as a new one bit for bit (tests/kv/cache_test.cc,
+// ClearedCacheBehavesAsFresh). Accounting is in reservation bytes: live (held
+// by running sequences) + idle (kept here) <= limit, the server's --kv-budget,
+// so keeping caches never lets memory pass what the budget admits.
+// Thread-safe: sequences end on the scheduler's thread, start() runs there too,
+// but the pool is shared with every EngineSequence.
+class CachePool {
+ public:
+  void set_limit(size_t bytes) {
+    std::lock_guard lk(mu_);
+    limit_ = bytes;
+  }
+  // A kept cache of `key`, or null; counts `bytes` as live either way.
+  std::unique_ptr<KVCache> take(const std::string& key, size_t bytes) {
+    std::lock_guard lk(mu_);
+    live_ += bytes;
+    for (auto it = idle_.begin(); it != idle_.end(); ++it)
+      if (it->key == key) {
+        auto c = std::move(it->cache);
+        idle_bytes_ -= it->bytes;
+        idle_.erase(it);
+        return c;
+      }
+    // A new cache will be made: free the oldest kept ones it would not fit beside.
+    while (!idle_.empty() && live_ + idle_bytes_ > limit_) {
+      idle_bytes_ -= idle_.front().bytes;
+      idle_.erase(idle_.begin());
+    }
+    return nullptr;
+  }
+  // A sequence's cache (null: none was made), no longer live: kept if it fits.
+  void give(const std::string& key, std::unique_ptr<KVCache> cache, size_t bytes) {
+    {
+      std::lock_guard lk(mu_);
+      live_ -= std::min(live_, bytes);
+    }
+    if (cache) keep(key, std::move(cache), bytes);
+  }
+  // Kept (cleared) if it fits beside the live and kept caches, else freed.
+  void keep(const std::string& key, std::unique_ptr<KVCache> cache, size_t bytes) {
+    cache->clear();
+    std::lock_guard lk(mu_);
+    if (live_ + idle_bytes_ + bytes > limit_) return;  // freed on return
+    idle_.push_back({key, std::move(cache), bytes});
+    idle_bytes_ += bytes;
+  }
+  size_t idle_bytes() const {
+    std::lock_guard lk(mu_);
+    return idle_bytes_;
+  }
+ private:
+  struct Kept {
+    std::string key;
+    std::unique_ptr<KVCache> cache;
+    size_t bytes = 0;
+  };
+  mutable std::mutex mu_;
+  std::vector<Kept> idle_;  // oldest first
+  size_t limit_ = 0, live_ = 0, idle_bytes_ = 0;
+};
+
 class EngineSequence : public Sequence {
  public:
   EngineSequence(std::unique_ptr<KVCache> cache, std::vector<int32_t> prompt, const SamplerConfig& s, int64_t vocab)
       : cache(std::move(cache)), prompt(std::move(prompt)), sampler(s), logits(size_t(vocab), 0.f) {}
+  ~EngineSequence() override {
+    if (pool) pool->give(pool_key, std::move(cache), pool_bytes);
+  }
   size_t kv_bytes() const override { return cache->payload_bytes() + cache->scale_bytes(); }
   bool prefilled() const override { return fed == prompt.size(); }
   int64_t prompt_remaining() const override { return int64_t(prompt.size() - fed); }
@@ -62,6 +132,10 @@ class EngineSequence : public Sequence {
   Sampler sampler;
   std::vector<float> logits;  // [vocab] of the last token run
   int32_t pending = -1;       // sampled, not yet run through the model
+  // Where the cache goes when the sequence ends (null: freed).
+  std::shared_ptr<CachePool> pool;
+  std::string pool_key;
+  size_t pool_bytes = 0;
 };
 
 // A NaN/Inf would otherwise be sampled as an arbitrary id.
@@ -98,15 +172,48 @@ class EngineBackend : public Backend {
   std::unique_ptr<Sequence> start(std::vector<int32_t> prompt, const CacheSpec& o,
                                   const SamplerConfig& s) override {
     if (prompt.empty()) fail("prompt: empty (nothing to condition on)");
-    auto cache = make_cache(lm_.model->cache_shape(context_length()), o);
-    if (!cache->bounded() && int64_t(prompt.size()) > cache->room())
+    // An unbounded cache holds the context (cache_shape's capacity), a bounded one any length.
+    if (!o.streaming() && int64_t(prompt.size()) > context_length())
       fail("prompt: {} tokens, longer than the model's context of {} tokens", prompt.size(), context_length());
-    // The reservation already counts the whole cache: make it resident now, in
-    // one syscall per buffer, rather than by page faults inside later decode
-    // steps (each step of every running sequence would wait for them).
-    cache->populate();
-    return std::make_unique<EngineSequence>(std::move(cache), std::move(prompt), s, lm_.model->config().vocab_size);
+    const int64_t vocab = lm_.model->config().vocab_size;
+    if (!pool_) return std::make_unique<EngineSequence>(new_cache(o), std::move(prompt), s, vocab);
+    const std::string key = options_key(o);
+    const size_t bytes = reservation_bytes(o);
+    auto cache = pool_->take(key, bytes);
+    if (!cache) {
+      try {
+        cache = new_cache(o);
+      } catch (...) {
+        pool_->give(key, nullptr, bytes);
+        throw;
+      }
+    }
+    const bool device = dynamic_cast<const DeviceKVCache*>(cache.get()) != nullptr;
+    auto seq = std::make_unique<EngineSequence>(std::move(cache), std::move(prompt), s, vocab);
+    if (device) {
+      pool_->give(key, nullptr, bytes);  // device memory is not kept: freed with the sequence
+    } else {
+      seq->pool = pool_;
+      seq->pool_key = key;
+      seq->pool_bytes = bytes;
+    }
+    return seq;
   }
+
+  void keep_caches(size_t limit_bytes, const CacheSpec& spec, int64_t warm) override {
+    pool_ = std::make_shared<CachePool>();
+    pool_->set_limit(limit_bytes);
+    const std::string key = options_key(spec);
+    const size_t bytes = reservation_bytes(spec);
+    std::vector<std::unique_ptr<KVCache>> made;
+    for (int64_t i = 0; i < warm && bytes > 0 && size_t(i + 1) * bytes <= limit_bytes; ++i) {
+      auto c = new_cache(spec);
+      if (dynamic_cast<const DeviceKVCache*>(c.get())) break;  // allocated whole when made: nothing to warm
+      made.push_back(std::move(c));
+    }
+    for (auto& c : made) pool_->keep(key, std::move(c), bytes);
+  }
+  size_t kept_bytes() const override { return pool_ ? pool_->idle_bytes() : 0; }
 
   void prefill(Sequence& base, int64_t max_tokens) override {
     auto& s = static_cast<EngineSequence&>(base);
@@ -126,9 +233,11 @@ class EngineBackend : public Backend {
     run_.clear();
     tokens_.clear();
     caches_.clear();
-    for (Sequence* base : seqs) {
-      auto& s = static_cast<EngineSequence&>(*base);
+    batch_row_.assign(seqs.size(), -1);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      auto& s = static_cast<EngineSequence&>(*seqs[i]);
       if (s.pending < 0) continue;
+      batch_row_[i] = int64_t(run_.size());
       run_.push_back(&s);
       tokens_.push_back(s.pending);
       caches_.push_back(s.cache.get());
@@ -149,10 +258,9 @@ class EngineBackend : public Backend {
     for (int64_t i = 0; i < n; ++i) {
       try {
         auto& s = static_cast<EngineSequence&>(*seqs[size_t(i)]);
-        const auto it = std::find(run_.begin(), run_.end(), &s);
-        if (it != run_.end()) {
+        if (const int64_t row = batch_row_[size_t(i)]; row >= 0) {
           const size_t vocab = s.logits.size();
-          std::copy_n(batch_logits_.data() + size_t(it - run_.begin()) * vocab, vocab, s.logits.data());
+          std::copy_n(batch_logits_.data() + size_t(row) * vocab, vocab, s.logits.data());
           check_finite(s.logits, s.cache->position() - 1);
         }
         s.pending = s.sampler.sample(s.logits);
@@ -165,6 +273,15 @@ class EngineBackend : public Backend {
     if (err) std::rethrow_exception(err);
   }
 
+  // A made cache, resident in full: its reservation counts the whole cache, so
+  // it is faulted in now, one syscall per buffer, rather than page by page
+  // inside later decode steps that every running sequence waits for.
+  std::unique_ptr<KVCache> new_cache(const CacheSpec& o) const {
+    auto cache = make_cache(lm_.model->cache_shape(context_length()), o);
+    cache->populate();
+    return cache;
+  }
+
   bool full(const Sequence& base) const override {
     const auto& s = static_cast<const EngineSequence&>(base);
     return s.cache->room() < 1;
@@ -174,10 +291,12 @@ class EngineBackend : public Backend {
   const LoadedModel& lm_;
   std::mutex mu_;
   std::map<std::string, size_t> memo_;
+  std::shared_ptr<CachePool> pool_;  // null until keep_caches()
   // decode() scratch (the scheduler's thread only): the batch of one step.
   std::vector<EngineSequence*> run_;
   std::vector<int32_t> tokens_;
   std::vector<KVCache*> caches_;
+  std::vector<int64_t> batch_row_;   // [seqs]: the sequence's row in batch_logits_, -1 if it did not run
   std::vector<float> batch_logits_;  // [B, vocab]
 };
 

@@ -106,6 +106,8 @@ std::string Metrics::render() const {
   gauge(o, "ptllm_kv_bytes_in_use", "KV bytes (payload + scales) held by running requests' caches now",
         double(g_.kv_in_use));
   gauge(o, "ptllm_kv_bytes_budget", "The --kv-budget admission limit", double(g_.kv_budget));
+  gauge(o, "ptllm_kv_bytes_kept", "Reservation bytes of finished requests' caches kept resident for the next ones",
+        double(g_.kv_kept));
   return o;
 }
 

@@ -27,7 +27,7 @@ class Histogram {
 
 struct Gauges {
   int64_t running = 0, queued = 0;
-  uint64_t kv_reserved = 0, kv_in_use = 0, kv_budget = 0;
+  uint64_t kv_reserved = 0, kv_in_use = 0, kv_budget = 0, kv_kept = 0;
 };
 
 class Metrics {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -254,6 +255,7 @@ void Scheduler::publish_gauges() {
       if (e->seq) g.kv_in_use += e->seq->kv_bytes();
   }
   g.kv_budget = cfg_.kv_budget;
+  g.kv_kept = backend_.kept_bytes();
   metrics_->set_gauges(g);
 }
 
@@ -281,8 +283,11 @@ bool Scheduler::step() {
 }
 
 void Scheduler::loop() {
+  long yield_us = 0;
+  if (const char* y = std::getenv("PTLLM_SERVE_YIELD_US"); y && *y) yield_us = std::atol(y);
   for (;;) {
     const bool worked = step();
+    if (yield_us > 0 && worked) std::this_thread::sleep_for(std::chrono::microseconds(yield_us));
     std::unique_lock lk(mu_);
     if (stop_) return;
     // Idle: sleep until a submit/cancel; the timeout re-checks cancelled flags

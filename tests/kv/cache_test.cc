@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "core/error.h"
@@ -469,6 +470,72 @@ TEST(CacheMemory, PopulateChangesNoLogit) {
     m.forward(&next, 1, *lazy, la.data(), false);
     m.forward(&next, 1, *resident, lb.data(), false);
     EXPECT_EQ(la, lb);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// clear() returns a used cache to the state of a fresh one: the server reuses
+// finished requests' caches (serve::CachePool), so a sequence run through a
+// cleared cache must see bit for bit what it would through a new cache, in
+// every storage, through eviction (sink + window) and KIVI's group flushes.
+// Fed through append/attend directly with seeded random K/V/Q (no model):
+// the first use leaves every ring, residual and group table non-empty.
+TEST(StorageCache, ClearedCacheBehavesAsFresh) {
+  KVCacheShape sh;
+  sh.n_layers = 2;
+  sh.n_heads = 4;
+  sh.n_kv_heads = 2;
+  sh.head_dim = 32;
+  sh.capacity = 400;
+  const int64_t kv = sh.n_kv_heads * sh.head_dim, qd = sh.n_heads * sh.head_dim;
+  std::vector<CacheSpec> specs;
+  for (KVStorage st : kAllStorages) {
+    specs.push_back(opts(st));                              // unbounded
+    specs.push_back(opts(st, 4, 60, RopeMode::Reposition));  // StreamingLLM, evicting
+  }
+  specs.push_back(opts(KVStorage::Int4, 4, 60, RopeMode::Absolute));
+  // A residual and groups smaller than the window: quantised groups are made and evicted (ring wraps).
+  for (KVStorage st : {KVStorage::Int8, KVStorage::Int4, KVStorage::Int3, KVStorage::Int2})
+    specs.push_back(opts(st, 4, 60, RopeMode::Reposition, 8, 16));
+  specs.push_back(CacheSpec::from_json(
+      {{"quantize", "int4"}, {"k_axis", "token"}, {"sink", 4}, {"window", 60}, {"kivi_group", 8}, {"kivi_residual", 16}}));
+  specs.push_back(CacheSpec::from_json({{"quantize", "int4"}, {"k_axis", "token"}, {"sink", 4}, {"window", 60}}));
+  specs.push_back(CacheSpec::from_json({{"quantize", "int2"}, {"rotate", "hadamard"}}));
+  specs.push_back(CacheSpec::from_json({{"quantize_k", "int4"}, {"quantize_v", "int2"}, {"residual_dtype", "fp16"}, {"sink", 4}, {"window", 60}}));
+  // One use: a prompt chunk then single-token steps; attend's outputs per call.
+  const auto run = [&](KVCache& c, int64_t prompt, int64_t steps, uint64_t seed) {
+    std::vector<float> outs;
+    int64_t t = 0;
+    for (int64_t call = 0; t < prompt + steps; ++call) {
+      const int64_t n = t == 0 ? std::min(prompt, c.room()) : 1;
+      for (int64_t l = 0; l < sh.n_layers; ++l) {
+        const uint64_t s = seed * 1000003 + uint64_t(call) * 31 + uint64_t(l);
+        const auto k = test::randn(size_t(n * kv), s), v = test::randn(size_t(n * kv), s + 7),
+                   q = test::randn(size_t(n * qd), s + 13);
+        c.append(l, k.data(), v.data(), n);
+        std::vector<float> o(size_t(n * qd));
+        c.attend(l, q.data(), n, o.data());
+        outs.insert(outs.end(), o.begin(), o.end());
+      }
+      c.advance(n);
+      t += n;
+    }
+    return outs;
+  };
+  for (const CacheSpec& spec : specs) {
+    SCOPED_TRACE(spec.describe());
+    auto used = make_cache(sh, spec);
+    run(*used, 37, 150, 1);
+    used->clear();
+    EXPECT_EQ(used->position(), 0);
+    EXPECT_EQ(used->payload_bytes(), 0u);
+    auto fresh = make_cache(sh, spec);
+    const auto a = run(*fresh, 23, 130, 2), b = run(*used, 23, 130, 2);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "attention outputs differ";
+    for (int64_t l = 0; l < sh.n_layers; ++l) EXPECT_EQ(used->stored(l), fresh->stored(l));
+    EXPECT_EQ(used->payload_bytes(), fresh->payload_bytes());
+    EXPECT_EQ(used->scale_bytes(), fresh->scale_bytes());
   }
 }
 

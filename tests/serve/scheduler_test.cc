@@ -365,6 +365,58 @@ TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
   EXPECT_GT(most, reserve / 2);
 }
 
+// Finished requests' caches are kept (cleared) for later requests with the same
+// settings, within the limit: a later request on a reused cache generates the
+// tokens it generates on a new one.
+std::vector<int32_t> run_one(Backend& b, const std::vector<int32_t>& prompt, const SamplerConfig& sc,
+                             const CacheSpec& co, int64_t n) {
+  Scheduler s(b, config(size_t(1) << 30, 16));
+  Record rec;
+  auto j = make_job(prompt, rec, n);
+  j->sampler = sc;
+  j->cache = co;
+  j->ignore_eos = true;
+  s.submit(j);
+  for (int i = 0; i < 2000 && !s.idle(); ++i) s.step();
+  EXPECT_EQ(rec.finishes, 1);
+  return rec.tokens;
+}
+
+TEST(ServeEngineBackend, KeptCachesGiveTheSameTokens) {
+  const std::vector<int32_t> prompt = stories().tokenizer->encode("Once upon a time", true);
+  CacheSpec bounded;
+  bounded.storage = KVStorage::Int4;
+  bounded.sink = 4;
+  bounded.window = 28;
+  const SamplerConfig sc{1.0, 40, 0.9, 7};
+  for (const CacheSpec& co : {CacheSpec{}, bounded}) {
+    SCOPED_TRACE(co.describe());
+    auto fresh = make_engine_backend(stories());
+    const auto ref = run_one(*fresh, prompt, sc, co, 60);
+    const size_t per = fresh->reservation_bytes(co);
+    EXPECT_EQ(fresh->kept_bytes(), 0u);  // no keep_caches: nothing kept
+    auto kept = make_engine_backend(stories());
+    kept->keep_caches(3 * per, co, 5);  // room for 3 of the 5 asked for
+    EXPECT_EQ(kept->kept_bytes(), 3 * per);
+    // A different request first, run past the window: its cache, used, goes back to the pool.
+    run_one(*kept, {1, 300, 42, 77}, SamplerConfig{0.8, 20, 0.95, 99}, co, 90);
+    EXPECT_EQ(kept->kept_bytes(), 3 * per);
+    {
+      auto a = kept->start(prompt, co, sc), b = kept->start(prompt, co, sc);
+      EXPECT_EQ(kept->kept_bytes(), 1 * per);  // two taken
+    }
+    EXPECT_EQ(kept->kept_bytes(), 3 * per);  // both given back
+    EXPECT_EQ(run_one(*kept, prompt, sc, co, 60), ref);
+    // A request of other settings: made new, and the kept caches it would not fit beside are freed.
+    CacheSpec other = co;
+    other.storage = KVStorage::F16;
+    {
+      auto o = kept->start(prompt, other, sc);
+      EXPECT_LE(kept->kept_bytes() + kept->reservation_bytes(other), 3 * per);
+    }
+  }
+}
+
 // `serve --device cuda`: a device cache cannot be fed token rows (its append
 // fails); the reservation is the device memory it allocated when made. A fake
 // device cache through the cache factory (the seam src/cuda uses) checks it on CPU.
