@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -283,11 +282,8 @@ bool Scheduler::step() {
 }
 
 void Scheduler::loop() {
-  long yield_us = 0;
-  if (const char* y = std::getenv("PTLLM_SERVE_YIELD_US"); y && *y) yield_us = std::atol(y);
   for (;;) {
     const bool worked = step();
-    if (yield_us > 0 && worked) std::this_thread::sleep_for(std::chrono::microseconds(yield_us));
     std::unique_lock lk(mu_);
     if (stop_) return;
     // Idle: sleep until a submit/cancel; the timeout re-checks cancelled flags
