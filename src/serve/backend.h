@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/cache_spec.h"
@@ -40,6 +41,17 @@ class Backend {
   // depend only on the sequence and max_tokens, never on other sequences (batch
   // invariance).
   virtual void prefill(Sequence& seq, int64_t max_tokens) = 0;
+  // prefill() of each of seqs; a sequence whose feeding failed gets the error
+  // in errors[i] (errors has seqs.size() entries), the others go on. A backend
+  // may feed several sequences together, but a sequence's arithmetic must not
+  // depend on which others it is fed with (batch invariance).
+  virtual void prefill_batch(std::span<Sequence* const> seqs, int64_t max_tokens, std::span<std::string> errors) {
+    for (size_t i = 0; i < seqs.size(); ++i) try {
+        prefill(*seqs[i], max_tokens);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+  }
   // One decode step: for every sequence, runs its last sampled token (if any)
   // through the model, then samples the next one into out[i]. seqs are prefilled.
   virtual void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) = 0;

@@ -167,19 +167,23 @@ void Scheduler::admit() {
 }
 
 void Scheduler::prefill() {
+  // This step's chunks: in admission order, up to prefill_tokens_per_step tokens
+  // (the chunk that crosses the limit still goes).
   int64_t budget = cfg_.prefill_tokens_per_step;
+  std::vector<Entry*> entries;
+  std::vector<Sequence*> seqs;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Entry& e = *running_[i];
     if (e.seq->prefilled()) continue;
-    const int64_t n = std::min(cfg_.prefill_chunk, e.seq->prompt_remaining());
-    try {
-      backend_.prefill(*e.seq, cfg_.prefill_chunk);
-    } catch (const std::exception& ex) {
-      e.error = ex.what();  // removed as an error by drop_cancelled() before decode
-      continue;
-    }
-    budget -= n;
+    entries.push_back(&e);
+    seqs.push_back(e.seq.get());
+    budget -= std::min(cfg_.prefill_chunk, e.seq->prompt_remaining());
   }
+  if (seqs.empty()) return;
+  std::vector<std::string> errors(seqs.size());
+  backend_.prefill_batch(seqs, cfg_.prefill_chunk, errors);
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (!errors[i].empty()) entries[i]->error = errors[i];  // removed as an error by drop_cancelled() before decode
 }
 
 void Scheduler::emit(Entry& e, int32_t id) {

@@ -58,12 +58,37 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
 namespace {
 // Small direct-mapped cache of recent words -> ids, per thread (so no locks),
 // tagged with the model uid. Bounded: kCacheSlots entries of short words.
-constexpr size_t kCacheSlots = 16384;
+// It starts at kFirstSlots and doubles as it fills: at its full size it is
+// ~1.2 MB, and made at once it cost every new thread ~5 ms of page faults on
+// its first text (the server: each HTTP thread's first request; 16 at once
+// delayed the first tokens of a burst by tens of ms).
+constexpr size_t kCacheSlots = 16384, kFirstSlots = 64;
 constexpr size_t kCacheMaxWord = 48;
 struct CacheEntry {
-  uint64_t uid = 0, hash = 0;
+  uint64_t uid = 0, hash = 0;  // uid 0: empty
   std::string word;
   std::vector<int32_t> ids;
+};
+struct WordCache {
+  std::vector<CacheEntry> slots;
+  size_t filled = 0;  // slots with an entry
+  CacheEntry& slot(uint64_t h) {
+    if (slots.empty()) slots.resize(kFirstSlots);
+    return slots[size_t(h) & (slots.size() - 1)];
+  }
+  // Called after a miss was stored in a slot that was empty: past half full, double.
+  void grew() {
+    if (++filled * 2 <= slots.size() || slots.size() >= kCacheSlots) return;
+    std::vector<CacheEntry> old(slots.size() * 2);
+    old.swap(slots);
+    filled = 0;
+    for (CacheEntry& e : old)
+      if (e.uid != 0) {
+        CacheEntry& d = slots[size_t(e.hash) & (slots.size() - 1)];
+        if (d.uid == 0) ++filled;
+        d = std::move(e);
+      }
+  }
 };
 }  // namespace
 
@@ -73,19 +98,21 @@ void Bpe::tokenize_cached(std::string_view word, std::vector<int32_t>& out) cons
     tokenize_uncached(word, out);
     return;
   }
-  thread_local std::vector<CacheEntry> cache(kCacheSlots);
+  thread_local WordCache cache;
   const uint64_t h = StrIdMap::hash(word);
-  CacheEntry& e = cache[size_t(h) & (kCacheSlots - 1)];
+  CacheEntry& e = cache.slot(h);
   if (e.uid == uid && e.hash == h && e.word == word) {
     out.insert(out.end(), e.ids.begin(), e.ids.end());
     return;
   }
   const size_t first = out.size();
   tokenize_uncached(word, out);
+  const bool was_empty = e.uid == 0;
   e.uid = uid;
   e.hash = h;
   e.word.assign(word);
   e.ids.assign(out.begin() + std::ptrdiff_t(first), out.end());
+  if (was_empty) cache.grew();  // may move the entries: `e` is not used after
 }
 
 void Bpe::tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const {
