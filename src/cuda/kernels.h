@@ -44,14 +44,17 @@ void append_plain(const PlainLayer& c, const float* k, const float* v, int n, in
 // qcs [n, 2, hd]: the query's cos/sin for slots < run_split (A) and the rest (B)
 // (StreamingLLM re-positioning: sinks and window differ by the evicted count).
 // out [n, nh, hd]. part: scratch of attend_scratch_floats(n, nh, hd, len).
-struct Attend {
-  PlainLayer c;
+// (The queries' side, shared by the plain and the KIVI attention.)
+struct AttendQuery {
   const float* q = nullptr;
   const float* qcs = nullptr;
   int n = 0, nh = 0, len = 0, first = 0, run_split = 0;
   float scale = 1;
   float* out = nullptr;
   float* part = nullptr;
+};
+struct Attend : AttendQuery {
+  PlainLayer c;
 };
 int64_t attend_scratch_floats(int n, int nh, int hd, int len);
 void attend_plain(const Attend& a, cudaStream_t s);
@@ -93,15 +96,9 @@ void kivi_append(const KiviLayer& c, const float* k, const float* v, int n, bool
 void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s);
 // attend_plain over a KIVI layer: scores from codes + full-precision rows, softmax, weighted sum of
 // V codes + rows. Same split/combine and scratch as attend_plain.
-struct AttendKivi {
+struct AttendKivi : AttendQuery {
   KiviLayer c;
   const float* kcs = nullptr;  // [hd/2, cap, 2] slot table
-  const float* q = nullptr;
-  const float* qcs = nullptr;
-  int n = 0, nh = 0, len = 0, first = 0, run_split = 0;
-  float scale = 1;
-  float* out = nullptr;
-  float* part = nullptr;
 };
 void attend_kivi(const AttendKivi& a, cudaStream_t s);
 

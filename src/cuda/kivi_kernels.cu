@@ -213,15 +213,7 @@ __device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int
   for (int g = 0; g < hpb; ++g) {
     const float* q = a.q + (int64_t(i) * a.nh + h0 + g) * hd;
     const float* qc = a.qcs + int64_t(i) * 2 * hd;
-    float* ga = qa + g * hd;
-    float* gb = qb + g * hd;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-      const float x0 = q[j], x1 = q[j + half];
-      ga[j] = x0 * qc[j] - x1 * qc[half + j];
-      ga[j + half] = x1 * qc[j] + x0 * qc[half + j];
-      gb[j] = x0 * qc[hd + j] - x1 * qc[hd + half + j];
-      gb[j + half] = x1 * qc[hd + j] + x0 * qc[hd + half + j];
-    }
+    rotate_query_runs(q, qc, hd, qa + g * hd, qb + g * hd);
   }
   __syncthreads();
   const int li = a.first + i + 1;
