@@ -27,11 +27,10 @@ if [ "$PART" != bench ]; then
   PTLLM_CUDA_GEMM_ROWS=0 PTLLM_CUDA_BATCH_LAUNCH=0 timeout 200 $B/cuda_backend_test --gtest_color=no \
     --gtest_filter='*Batch*:*Stories260K*:*Llama*:*Qwen*:*Mistral*:*TinyGpt*' 2>&1 |
     grep -v "^\[ RUN\|Google Test trace" | tee "$OUT/tests_old_paths.txt" | grep -v "^\[       OK\|^$"
-  echo "== the KIVI decode tests with the two-slot kernel (1 and 2 tiles per split: the online softmax across tiles), the general kernel"
-  for e in PTLLM_CUDA_KIVI_DEC=2 "PTLLM_CUDA_KIVI_DEC=2 PTLLM_CUDA_KIVI_TILES=2" PTLLM_CUDA_KIVI_DEC=0; do
-    env $e timeout 120 $B/cuda_backend_test --gtest_color=no --gtest_filter='*KiviLayer*:*BatchKivi*' 2>&1 |
-      grep -v "^\[ RUN\|Google Test trace" | sed "s/^/$e: /" | tee -a "$OUT/tests_kivi_variants.txt" | grep -v "OK \]\|: $"
-  done
+  echo "== the KIVI decode tests with the general kernel (PTLLM_CUDA_KIVI_DEC=0)"
+  PTLLM_CUDA_KIVI_DEC=0 timeout 120 $B/cuda_backend_test --gtest_color=no --gtest_filter='*KiviLayer*:*BatchKivi*' 2>&1 |
+    grep -v "^\[ RUN\|Google Test trace" | sed "s/^/PTLLM_CUDA_KIVI_DEC=0: /" | tee -a "$OUT/tests_kivi_variants.txt" |
+    grep -v "OK \]\|: $"
   M=shared-lite/models/stories260K
   KIVI="--kivi-group 8 --kivi-residual 16"
   echo "== sample cpu vs cuda (stories260K, greedy)"
@@ -58,14 +57,9 @@ fi
 if [ "$PART" = micro ] || [ "$PART" = all ]; then
   echo "== decode attention alone (one layer, 8 KV heads x 128, 32 query heads), CUDA events"
   timeout 200 $B/cuda_attn_bench ${DEPTHS:-32768} 2>&1 | tee -a "$OUT/attn.jsonl"
-  echo "== the two-slot kernel, int4 at 32K with 1 / 2 / 4 / 8 tiles of 256 slots per split"
-  for t in 1 2 4 8; do
-    PTLLM_BENCH_MODES=int4 PTLLM_CUDA_KIVI_DEC=2 PTLLM_CUDA_KIVI_TILES=$t timeout 60 $B/cuda_attn_bench 32768 2>&1 | grep decode |
-      sed "s/^{/{\"tiles\": $t, /" | tee -a "$OUT/attn.jsonl"
-  done
   if command -v ncu >/dev/null; then
     echo "== ncu: the int4 decode kernel and the split combine apart, 32K (kernel durations, --clock-control none)"
-    for k in 2 1; do
+    for k in 1; do
       PTLLM_CUDA_KIVI_DEC=$k PTLLM_BENCH_MODES=int4 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum -c 200 \
         -k regex:"attend_kivi_dec|combine" $B/cuda_attn_bench 32768 > "$OUT/ncu_dec$k.txt" 2>&1
       python3 - "$OUT/ncu_dec$k.txt" <<'PY'
@@ -84,9 +78,6 @@ for k, v in d.items():
 PY
     done
   fi
-  echo "== the same with the two-slot KIVI decode kernel (PTLLM_CUDA_KIVI_DEC=2)"
-  PTLLM_CUDA_KIVI_DEC=2 timeout 200 $B/cuda_attn_bench ${DEPTHS:-32768} 2>&1 | grep -v fp16 | sed 's/^{/{"kernel": "two-slot", /' |
-    tee -a "$OUT/attn.jsonl"
   echo "== Llama-3.2-1B shape, batch 1 (goal: >= 70% of bandwidth)"
   $B/posttrainllm make-random /tmp/l1b.gguf --preset llama-3.2-1b --type bf16 2>&1 | tail -1
   for kv in fp16 int4; do
@@ -114,7 +105,6 @@ uptime
 for round in 1 2; do
   bench "b64 d8192 fp16 (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize fp16
   bench "b64 d8192 int4 G32 R128 (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize int4
-  PTLLM_CUDA_KIVI_DEC=2 bench "b64 d8192 int4 two-slot (r$round)" --batch 64 -d 8192 -n $GEN -r 3 --kv-quantize int4
   [ $round = 1 ] && { echo "== transformers fp16 SDPA static cache, same shape, batch 64, depth 8192";
     timeout 300 python3 cuda_batch_anchor.py $LAYERS 64 8192 $((GEN + 4)) 2>&1 | grep -v Warning | tee -a "$OUT/anchor.jsonl"; }
 done

@@ -383,23 +383,11 @@ int env_int(const char* name, int dflt) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : dflt;
 }
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-      return 132;
-    return v;
-  }();
-  return n;
-}
 }  // namespace
 
 namespace k {
-KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, int64_t B) {
-  // Default 1: the two-slot kernel (2) measured slower on the H200 (docs/CUDA.md, Session 8).
-  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 1);
-  static const int tiles = env_int("PTLLM_CUDA_KIVI_TILES", 0);
+KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh) {
+  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 1);  // 0: the general kernel always
   KiviDecPlan p;
   p.chunk = kivi_chunk(1);
   const int grp = kvh > 0 ? nh / kvh : 0;
@@ -407,17 +395,6 @@ KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, i
   if (!shape || cap_kind <= 0) return p;
   p.kind = 1;
   p.chunk = kKiviDecChunk;
-  if (cap_kind == 1 || min_g < kKiviDec2MinG) return p;
-  p.kind = 2;
-  p.maxg = kivi_dec2_max_groups(min_g < kKiviDec2Tile ? min_g : kKiviDec2Tile);
-  // Tiles per split: about kBlocksPerSm blocks (KV heads x splits x sequences) per
-  // multiprocessor (about 4 resident at a time: about 4 waves), at most 16 tiles per
-  // split. One tile per split measured fastest for one sequence at 32K (session 8).
-  constexpr int kBlocksPerSm = 16;
-  const int64_t work = B * kvh * ((max_len + kKiviDec2Tile - 1) / kKiviDec2Tile);
-  int64_t nt = work / (int64_t(sm_count()) * kBlocksPerSm);
-  nt = tiles > 0 ? tiles : nt < 1 ? 1 : nt > 16 ? 16 : nt;
-  p.chunk = int(nt) * kKiviDec2Tile;
   return p;
 }
 }  // namespace k
@@ -447,10 +424,9 @@ void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first
     }
     g->seqs.push_back(b);
     g->max_len = std::max(g->max_len, first[b] + 1);
-    if (c.kivi()) g->min_g = std::min(g->min_g, c.kivi_layer(0).G);
   }
   for (Group& g : groups_) {
-    if (g.kivi) g.plan = k::kivi_dec_plan(hd_, nh, kvh_, g.min_g, g.max_len, int64_t(g.seqs.size()));
+    if (g.kivi) g.plan = k::kivi_dec_plan(hd_, nh, kvh_);
     const int64_t chunk = g.kivi ? g.plan.chunk : 256;
     g.S = int((g.max_len + chunk - 1) / chunk);
   }

@@ -140,7 +140,6 @@ class BatchAttend {
     int bits = 0;
     std::vector<int64_t> seqs;
     int S = 0;
-    int min_g = 1 << 30;    // KIVI: the smallest group size
     int64_t max_len = 0;    // slots of the longest sequence
     k::KiviDecPlan plan;    // KIVI: the decode kernel and its split
     size_t app_bytes = 0, att_bytes = 0;  // per layer

@@ -142,19 +142,13 @@ template <class T>
 __device__ __forceinline__ void attend_body(const Attend& a, int i) {
   const int s = blockIdx.x, h = blockIdx.y;
   const PlainLayer& c = a.c;
-  const int hd = c.hd, half = hd / 2, kvh = h / (a.nh / c.kvh);
+  const int hd = c.hd, kvh = h / (a.nh / c.kvh);
   const int S = gridDim.x;
   __shared__ float qa[kMaxHd], qb[kMaxHd], p[kChunk];
   __shared__ float red[2];
   const float* q = a.q + (int64_t(i) * a.nh + h) * hd;
   const float* cs = a.qcs + int64_t(i) * 2 * hd;
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    const float x0 = q[j], x1 = q[j + half];
-    qa[j] = x0 * cs[j] - x1 * cs[half + j];
-    qa[j + half] = x1 * cs[j] + x0 * cs[half + j];
-    qb[j] = x0 * cs[hd + j] - x1 * cs[hd + half + j];
-    qb[j + half] = x1 * cs[hd + j] + x0 * cs[hd + half + j];
-  }
+  rotate_query_runs(q, cs, hd, qa, qb);
   __syncthreads();
   const int li = a.first + i + 1;  // slots this query sees
   const int b0 = s * kChunk, b1 = min(b0 + kChunk, li);

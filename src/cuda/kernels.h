@@ -44,14 +44,17 @@ void append_plain(const PlainLayer& c, const float* k, const float* v, int n, in
 // qcs [n, 2, hd]: the query's cos/sin for slots < run_split (A) and the rest (B)
 // (StreamingLLM re-positioning: sinks and window differ by the evicted count).
 // out [n, nh, hd]. part: scratch of attend_scratch_floats(n, nh, hd, len).
-struct Attend {
-  PlainLayer c;
+// (The queries' side, shared by the plain and the KIVI attention.)
+struct AttendQuery {
   const float* q = nullptr;
   const float* qcs = nullptr;
   int n = 0, nh = 0, len = 0, first = 0, run_split = 0;
   float scale = 1;
   float* out = nullptr;
   float* part = nullptr;
+};
+struct Attend : AttendQuery {
+  PlainLayer c;
 };
 int64_t attend_scratch_floats(int n, int nh, int hd, int len);
 void attend_plain(const Attend& a, cudaStream_t s);
@@ -93,15 +96,9 @@ void kivi_append(const KiviLayer& c, const float* k, const float* v, int n, bool
 void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s);
 // attend_plain over a KIVI layer: scores from codes + full-precision rows, softmax, weighted sum of
 // V codes + rows. Same split/combine and scratch as attend_plain.
-struct AttendKivi {
+struct AttendKivi : AttendQuery {
   KiviLayer c;
   const float* kcs = nullptr;  // [hd/2, cap, 2] slot table
-  const float* q = nullptr;
-  const float* qcs = nullptr;
-  int n = 0, nh = 0, len = 0, first = 0, run_split = 0;
-  float scale = 1;
-  float* out = nullptr;
-  float* part = nullptr;
 };
 void attend_kivi(const AttendKivi& a, cudaStream_t s);
 
@@ -128,20 +125,15 @@ struct AppendKiviB {
 void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream_t s);
 // How a decode step (one query per sequence) over KIVI caches is split and which
 // kernel runs it: kind 0 the general kernel (64-slot splits), 1 the session-7
-// lanes-over-slots kernel (128-slot splits), 2 the two-slots-per-thread kernel with
-// tiles in a loop (chunk: a multiple of 256 slots, chosen from the work so that
-// the whole GPU is busy; maxg: K groups per tile). min_g: the smallest KIVI group
-// of the sequences; max_len, B: their longest length (slots) and count.
-// PTLLM_CUDA_KIVI_DEC=0|1|2 caps the kind (default 1: kind 2 measured slower), PTLLM_CUDA_KIVI_TILES=N
-// fixes kind 2's tiles per split (default: from the work).
-// (kivi_dec_plan is host code in gpu_cache.cc; the kernels' constants are these.)
+// lanes-over-slots kernel (128-slot splits; head_dim 64 / 128 and 1, 2, 4 or 8 query
+// heads per KV head). PTLLM_CUDA_KIVI_DEC=0 takes the general kernel for every shape.
+// (Session 8's two-slots-per-thread kind 2 measured slower and was removed in session 9:
+// docs/CUDA.md.) (kivi_dec_plan is host code in gpu_cache.cc.)
 struct KiviDecPlan {
-  int kind = 0, chunk = 64, maxg = 0;
+  int kind = 0, chunk = 64;
 };
-KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, int min_g, int64_t max_len, int64_t B);
-constexpr int kKiviDecChunk = 128;                 // kind 1: slots per split (one per thread)
-constexpr int kKiviDec2Tile = 256, kKiviDec2MinG = 8;  // kind 2: slots per tile (two per thread), least group
-constexpr int kivi_dec2_max_groups(int min_g) { return kKiviDec2Tile / min_g + 2; }  // groups a tile can touch
+KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh);
+constexpr int kKiviDecChunk = 128;  // kind 1: slots per split (one per thread)
 int kivi_chunk(int n);  // the general kernel's slots per split for n queries
 // S counts splits of plan.chunk slots (plan from kivi_dec_plan over the launch's sequences).
 void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, const KiviDecPlan& plan, Elem re,

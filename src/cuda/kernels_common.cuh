@@ -61,6 +61,20 @@ __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, flo
   }
 }
 
+// A query q [hd] turned by its two angles (cs [2][hd]: cos | sin for the slots before
+// run_split, then for the others; StreamingLLM re-positioning), rotate-half order, into
+// qa / qb [hd]; the block's threads share the channel pairs.
+__device__ __forceinline__ void rotate_query_runs(const float* q, const float* cs, int hd, float* qa, float* qb) {
+  const int half = hd / 2;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float x0 = q[j], x1 = q[j + half];
+    qa[j] = x0 * cs[j] - x1 * cs[half + j];
+    qa[j + half] = x1 * cs[j] + x0 * cs[half + j];
+    qb[j] = x0 * cs[hd + j] - x1 * cs[hd + half + j];
+    qb[j + half] = x1 * cs[hd + j] + x0 * cs[hd + half + j];
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

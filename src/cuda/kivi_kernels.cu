@@ -213,15 +213,7 @@ __device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int
   for (int g = 0; g < hpb; ++g) {
     const float* q = a.q + (int64_t(i) * a.nh + h0 + g) * hd;
     const float* qc = a.qcs + int64_t(i) * 2 * hd;
-    float* ga = qa + g * hd;
-    float* gb = qb + g * hd;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-      const float x0 = q[j], x1 = q[j + half];
-      ga[j] = x0 * qc[j] - x1 * qc[half + j];
-      ga[j + half] = x1 * qc[j] + x0 * qc[half + j];
-      gb[j] = x0 * qc[hd + j] - x1 * qc[hd + half + j];
-      gb[j + half] = x1 * qc[hd + j] + x0 * qc[hd + half + j];
-    }
+    rotate_query_runs(q, qc, hd, qa + g * hd, qb + g * hd);
   }
   __syncthreads();
   const int li = a.first + i + 1;
@@ -558,300 +550,6 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a
   }
 }
 
-// ---- The decode kernel, session 8: two slots per thread, tiles in a loop ----
-// Block (KV head h, split s, sequence), 128 threads; the split (`chunk` slots, a
-// multiple of kD2Tile) is walked in tiles of kD2Tile = 256 slots with an online
-// softmax, so the host chooses the split count for the GPU (docs/CUDA.md, Session 8).
-// Per tile:
-//  - the K (scale, zero) words of the tile's groups are widened to fp32 once, into
-//    shared memory as one float4 (s_lo, z_lo, s_hi, z_hi) per (group, channel pair);
-//    the host guarantees at most kD2Tile / G + 2 groups per tile (G >= kD2MinG);
-//  - thread tid scores the adjacent slots t0 = tb + 2 tid and t0 + 1: both code rows
-//    in registers, each rotated query load (shared memory) serves both slots, and the
-//    slot-table loads of the two slots are adjacent. A pair that is not two quantised
-//    slots on the same side of run_split (sinks, residual, the run boundary) is scored
-//    slot by slot;
-//  - per head the tile's max and exps against the running max (one warp per head),
-//    the V accumulators rescaled by exp(m_old - m_new), then V as attend_kivi_dec_kernel.
-constexpr int kD2Tile = kKiviDec2Tile, kD2MinG = kKiviDec2MinG, kD2Threads = 128;  // kernels.h
-constexpr int d2_max_groups(int min_g) { return kivi_dec2_max_groups(min_g); }
-template <int HD, int GRP>
-__host__ __device__ constexpr int d2_region0_floats(int maxg) {
-  // qs [2][HD/2][16] + kp [maxg][HD/2] float4, later aliased by vred [SL][GRP][HD]
-  return 2 * (HD / 2) * 16 + maxg * (HD / 2) * 4 > (kD2Threads / (HD / 8)) * GRP * HD
-             ? 2 * (HD / 2) * 16 + maxg * (HD / 2) * 4
-             : (kD2Threads / (HD / 8)) * GRP * HD;
-}
-template <int HD, int GRP>
-constexpr int d2_shmem_floats(int maxg) {
-  return d2_region0_floats<HD, GRP>(maxg) + GRP * kD2Tile + 4 * GRP;
-}
-template <int BITS, int HD>
-__device__ __forceinline__ void d2_load_codes(const uint8_t* rowp, uint32_t* w) {
-  constexpr int NW = HD * BITS / 32;
-  const uint4* row = reinterpret_cast<const uint4*>(rowp);
-#pragma unroll
-  for (int k4 = 0; k4 < NW / 4; ++k4) {
-    const uint4 x = __ldg(row + k4);
-    w[4 * k4] = x.x;
-    w[4 * k4 + 1] = x.y;
-    w[4 * k4 + 2] = x.z;
-    w[4 * k4 + 3] = x.w;
-  }
-}
-// Two slots' rotated pairs dotted with the same GRP queries (one set of query loads).
-template <int GRP>
-__device__ __forceinline__ void rot_dot2(const float* qq, float a0, float a1, float2 ca, float b0, float b1,
-                                         float2 cb, float* acc0, float* acc1) {
-  const float r0 = a0 * ca.x - a1 * ca.y, r1 = a1 * ca.x + a0 * ca.y;
-  const float s0 = b0 * cb.x - b1 * cb.y, s1 = b1 * cb.x + b0 * cb.y;
-  const float4 l0 = *reinterpret_cast<const float4*>(qq), h0 = *reinterpret_cast<const float4*>(qq + 8);
-  const float ql[4] = {l0.x, l0.y, l0.z, l0.w}, qh[4] = {h0.x, h0.y, h0.z, h0.w};
-#pragma unroll
-  for (int g = 0; g < (GRP < 4 ? GRP : 4); ++g) {
-    acc0[g] = fmaf(qh[g], r1, fmaf(ql[g], r0, acc0[g]));
-    acc1[g] = fmaf(qh[g], s1, fmaf(ql[g], s0, acc1[g]));
-  }
-  if (GRP > 4) {
-    const float4 l1 = *reinterpret_cast<const float4*>(qq + 4), h1 = *reinterpret_cast<const float4*>(qq + 12);
-    const float ql1[4] = {l1.x, l1.y, l1.z, l1.w}, qh1[4] = {h1.x, h1.y, h1.z, h1.w};
-#pragma unroll
-    for (int g = 4; g < GRP; ++g) {
-      acc0[g] = fmaf(qh1[g - 4], r1, fmaf(ql1[g - 4], r0, acc0[g]));
-      acc1[g] = fmaf(qh1[g - 4], s1, fmaf(ql1[g - 4], s0, acc1[g]));
-    }
-  }
-}
-
-template <class T, int BITS, int HD, int GRP>
-__global__ void __launch_bounds__(kD2Threads, GRP <= 4 ? 4 : 2) attend_kivi_dec2_kernel(AttendKivi a1, const AttendKivi* as, int chunk,
-                                                                       int maxg) {
-  const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
-  constexpr int half = HD / 2, C = kD2Threads, TL = kD2Tile;
-  constexpr int TPR = HD / 8, SL = C / TPR;  // V: threads per row (8 channels each), slot lanes
-  extern __shared__ float sm[];
-  float* qs = sm;                                          // [2 runs][half][16] rotated queries
-  float4* kp = reinterpret_cast<float4*>(sm + 2 * half * 16);  // [maxg][half] (s_lo, z_lo, s_hi, z_hi)
-  float* vred = sm;                                        // [SL][GRP][HD] at the end (aliases qs, kp)
-  float* p = sm + d2_region0_floats<HD, GRP>(maxg);        // [GRP][TL] scores, then exps
-  float* st = p + GRP * TL;                                // [GRP][4] running max, sum, rescale
-  const KiviLayer& c = a.c;
-  const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, S = gridDim.y;
-  const int li = a.first + 1;
-  const int b0 = s * chunk, b1 = min(b0 + chunk, li);
-  const auto part_of = [&](int g) { return a.part + ((int64_t(h) * GRP + g) * S + s) * (HD + 2); };
-  if (b0 >= b1) {
-    if (tid < GRP) {
-      float* pt = part_of(tid);
-      pt[0] = -INFINITY;
-      pt[1] = 0;
-    }
-    return;
-  }
-  for (int e = tid; e < GRP * half; e += C) {
-    const int g = e / half, j = e % half;
-    const float* q = a.q + (int64_t(h) * GRP + g) * HD;
-    const float* qc = a.qcs;
-    const float x0 = q[j], x1 = q[j + half];
-    float* A = qs + j * 16;
-    float* B = qs + (half + j) * 16;
-    A[g] = x0 * qc[j] - x1 * qc[half + j];
-    A[8 + g] = x1 * qc[j] + x0 * qc[half + j];
-    B[g] = x0 * qc[HD + j] - x1 * qc[HD + half + j];
-    B[8 + g] = x1 * qc[HD + j] + x0 * qc[HD + half + j];
-  }
-  if (tid < GRP) {
-    st[4 * tid] = -INFINITY;
-    st[4 * tid + 1] = 0.f;
-  }
-  const int ns = c.n_sink, qe = ns + c.n_quant, rs = a.run_split;
-  const KiviHeadRows<T> hr(c, h);
-  const T *ksink = hr.ksink, *vsink = hr.vsink, *kres = hr.kres, *vres = hr.vres;
-  const uint8_t *kcodes = hr.kcodes, *vcodes = hr.vcodes;
-  const uint16_t* kpar = hr.kpar;
-  const uint32_t* vpar = reinterpret_cast<const uint32_t*>(hr.vpar);  // (scale, zero) words
-  const float2* kcs = reinterpret_cast<const float2*>(a.kcs);  // pair i of slot t at kcs[i * cap + t]
-  const auto group_of = [&](int t) {
-    const int jq = t - ns;
-    return jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
-  };
-  const int cw = tid % TPR, sl = tid / TPR;
-  float o[GRP][8], bz[GRP];
-#pragma unroll
-  for (int g = 0; g < GRP; ++g) {
-    bz[g] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
-  }
-  for (int tb = b0; tb < b1; tb += TL) {
-    const int te = min(tb + TL, b1);
-    // The tile's K parameters, widened once.
-    const int qa = max(tb, ns), qb = min(te, qe);
-    const int gf = qa < qb ? group_of(qa) : 0;
-    if (qa < qb) {
-      const int ng = group_of(qb - 1) - gf + 1;
-      for (int e = tid; e < ng * half; e += C) {
-        const int lg = e / half, i = e % half;
-        const uint32_t* pw =
-            reinterpret_cast<const uint32_t*>(kpar + int64_t((c.gstart + gf + lg) % c.gcap) * HD * 2);
-        const float2 lo = par_f2(__ldg(pw + i)), hi = par_f2(__ldg(pw + i + half));
-        kp[e] = make_float4(lo.x, lo.y, hi.x, hi.y);
-      }
-    }
-    __syncthreads();  // kp and (first tile) qs, st written; the previous tile's p used up
-    const auto score_one = [&](int t) {  // any slot alone
-      float acc[GRP];
-#pragma unroll
-      for (int g = 0; g < GRP; ++g) acc[g] = 0.f;
-      const float* qq = qs + (t < rs ? 0 : half * 16);
-      const float2* tab = kcs + t;
-      if (t < ns || t >= qe) {
-        const T* kr = t < ns ? ksink + int64_t(t) * HD : kres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
-#pragma unroll 4
-        for (int i = 0; i < half; ++i)
-          rot_dot<GRP>(qq + i * 16, widen(kr[i]), widen(kr[i + half]), __ldg(tab + int64_t(i) * c.cap), acc);
-      } else {
-        uint32_t w[HD * BITS / 32];
-        d2_load_codes<BITS, HD>(kcodes + int64_t((c.qstart + t - ns) % c.cap) * c.row, w);
-        const float4* kq = kp + (group_of(t) - gf) * half;
-#pragma unroll
-        for (int i = 0; i < half; ++i) {
-          const float4 f = kq[i];
-          const float x0 = fmaf(u2f(code_w<BITS>(w, i)), f.x, f.y);
-          const float x1 = fmaf(u2f(code_w<BITS>(w, i + half)), f.z, f.w);
-          rot_dot<GRP>(qq + i * 16, x0, x1, __ldg(tab + int64_t(i) * c.cap), acc);
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < GRP; ++g) p[g * TL + t - tb] = acc[g] * a.scale;
-    };
-    {
-      const int t0 = tb + 2 * tid, t1 = t0 + 1;
-      if (t1 < te && t0 >= ns && t1 < qe && (t1 < rs || t0 >= rs)) {
-        float acc0[GRP], acc1[GRP];
-#pragma unroll
-        for (int g = 0; g < GRP; ++g) acc0[g] = acc1[g] = 0.f;
-        const float* qq = qs + (t0 < rs ? 0 : half * 16);
-        const float2* tab = kcs + t0;
-        uint32_t w0[HD * BITS / 32], w1[HD * BITS / 32];
-        d2_load_codes<BITS, HD>(kcodes + int64_t((c.qstart + t0 - ns) % c.cap) * c.row, w0);
-        d2_load_codes<BITS, HD>(kcodes + int64_t((c.qstart + t1 - ns) % c.cap) * c.row, w1);
-        const float4* k0 = kp + (group_of(t0) - gf) * half;
-        const float4* k1 = kp + (group_of(t1) - gf) * half;
-#pragma unroll
-        for (int i = 0; i < half; ++i) {
-          const float4 f0 = k0[i], f1 = k1[i];
-          const float2* ti = tab + int64_t(i) * c.cap;
-          rot_dot2<GRP>(qq + i * 16, fmaf(u2f(code_w<BITS>(w0, i)), f0.x, f0.y),
-                        fmaf(u2f(code_w<BITS>(w0, i + half)), f0.z, f0.w), __ldg(ti),
-                        fmaf(u2f(code_w<BITS>(w1, i)), f1.x, f1.y), fmaf(u2f(code_w<BITS>(w1, i + half)), f1.z, f1.w),
-                        __ldg(ti + 1), acc0, acc1);
-        }
-#pragma unroll
-        for (int g = 0; g < GRP; ++g) {
-          p[g * TL + t0 - tb] = acc0[g] * a.scale;
-          p[g * TL + t1 - tb] = acc1[g] * a.scale;
-        }
-      } else {
-        if (t0 < te) score_one(t0);
-        if (t1 < te) score_one(t1);
-      }
-    }
-    __syncthreads();
-    const int len = te - tb, warp = tid >> 5, lane = tid & 31;
-    for (int g = warp; g < GRP; g += C / 32) {  // one warp per head: exps against the running max
-      float* ph = p + g * TL;
-      float mt = -INFINITY;
-      for (int j = lane; j < len; j += 32) mt = fmaxf(mt, ph[j]);
-      mt = warp_max(mt);
-      const float mo = st[4 * g], mn = fmaxf(mo, mt);
-      float lt = 0.f;
-      for (int j = lane; j < len; j += 32) {
-        const float e = expf(ph[j] - mn);
-        ph[j] = e;
-        lt += e;
-      }
-      lt = warp_sum(lt);
-      if (lane == 0) {
-        const float al = mo == -INFINITY ? 0.f : expf(mo - mn);
-        st[4 * g] = mn;
-        st[4 * g + 1] = st[4 * g + 1] * al + lt;
-        st[4 * g + 2] = al;
-      }
-    }
-    __syncthreads();
-    if (tb > b0) {
-#pragma unroll
-      for (int g = 0; g < GRP; ++g) {
-        const float al = st[4 * g + 2];
-        bz[g] *= al;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[g][e] *= al;
-      }
-    }
-    for (int t = tb + sl; t < te; t += SL) {  // V, as attend_kivi_dec_kernel
-      float pw[GRP];
-#pragma unroll
-      for (int g = 0; g < GRP; ++g) pw[g] = p[g * TL + t - tb];
-      if (t >= ns && t < qe) {
-        const int prow = (c.qstart + t - ns) % c.cap;
-        const float2 sz = par_f2(__ldg(vpar + prow));
-        const uint8_t* cr = vcodes + int64_t(prow) * c.row + cw * BITS;  // 8 codes = BITS bytes
-        uint32_t cwd[2];
-        if (BITS == 8) {
-          const uint2 x = __ldg(reinterpret_cast<const uint2*>(cr));
-          cwd[0] = x.x;
-          cwd[1] = x.y;
-        } else if (BITS == 4) {
-          cwd[0] = __ldg(reinterpret_cast<const uint32_t*>(cr));
-        } else {
-          cwd[0] = __ldg(reinterpret_cast<const uint16_t*>(cr));
-        }
-        float ws[GRP];
-#pragma unroll
-        for (int g = 0; g < GRP; ++g) {
-          ws[g] = pw[g] * sz.x;
-          bz[g] = fmaf(pw[g], sz.y, bz[g]);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float u = u2f(code_w<BITS>(cwd, e));
-#pragma unroll
-          for (int g = 0; g < GRP; ++g) o[g][e] = fmaf(ws[g], u, o[g][e]);
-        }
-      } else {
-        const T* vr = t < ns ? vsink + int64_t(t) * HD : vres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
-        float x[8];
-        load8<T>(vr + cw * 8, x);
-#pragma unroll
-        for (int g = 0; g < GRP; ++g)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pw[g], x[e], o[g][e]);
-      }
-    }
-  }
-  __syncthreads();  // qs and kp used up: vred aliases them
-#pragma unroll
-  for (int g = 0; g < GRP; ++g) {
-    float4* d = reinterpret_cast<float4*>(vred + (sl * GRP + g) * HD + cw * 8);
-    d[0] = make_float4(o[g][0] + bz[g], o[g][1] + bz[g], o[g][2] + bz[g], o[g][3] + bz[g]);
-    d[1] = make_float4(o[g][4] + bz[g], o[g][5] + bz[g], o[g][6] + bz[g], o[g][7] + bz[g]);
-  }
-  __syncthreads();
-  for (int e = tid; e < GRP * HD; e += C) {
-    const int g = e / HD, j = e % HD;
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < SL; ++k) sum += vred[(k * GRP + g) * HD + j];
-    part_of(g)[2 + j] = sum;
-  }
-  if (tid < GRP) {
-    float* pt = part_of(tid);
-    pt[0] = st[4 * tid];
-    pt[1] = st[4 * tid + 1];
-  }
-}
-
 template <class T>
 __global__ void kivi_append_batch_kernel(const AppendKiviB* ps) {
   const AppendKiviB& p = ps[blockIdx.x];
@@ -921,33 +619,6 @@ struct AttendKiviDecLaunch {
     if (hd == 128) by_grp(std::integral_constant<int, 128>{});
   }
 };
-// The two-slots-per-thread kernel (kind 2 of kivi_dec_plan).
-template <class T, int BITS, int HD, int GRP>
-void dec2_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, const KiviDecPlan& plan, cudaStream_t s) {
-  const auto kern = attend_kivi_dec2_kernel<T, BITS, HD, GRP>;
-  static const bool attr = [&] {  // above 48 KB of dynamic shared memory for small groups
-    const size_t most = size_t(d2_shmem_floats<HD, GRP>(d2_max_groups(kD2MinG))) * sizeof(float);
-    return cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)) == cudaSuccess;
-  }();
-  (void)attr;
-  const size_t shmem = size_t(d2_shmem_floats<HD, GRP>(plan.maxg)) * sizeof(float);
-  kern<<<grid, kD2Threads, shmem, s>>>(a, d, plan.chunk, plan.maxg);
-}
-template <class T, int BITS>
-struct AttendKiviDec2Launch {
-  static void run(const AttendKivi& a, const AttendKivi* d, dim3 grid, int hd, int grp, const KiviDecPlan& plan,
-                  cudaStream_t s) {
-    const auto by_grp = [&](auto hd_tag) {
-      constexpr int HD = decltype(hd_tag)::value;
-      if (grp == 1) dec2_launch<T, BITS, HD, 1>(a, d, grid, plan, s);
-      if (grp == 2) dec2_launch<T, BITS, HD, 2>(a, d, grid, plan, s);
-      if (grp == 4) dec2_launch<T, BITS, HD, 4>(a, d, grid, plan, s);
-      if (grp == 8) dec2_launch<T, BITS, HD, 8>(a, d, grid, plan, s);
-    };
-    if (hd == 64) by_grp(std::integral_constant<int, 64>{});
-    if (hd == 128) by_grp(std::integral_constant<int, 128>{});
-  }
-};
 template <class T, int BITS>
 struct AttendKiviLaunch {
   static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
@@ -997,12 +668,8 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
     KiviLayer c;  // the dispatch keys
     c.re = re;
     c.bits = bits;
-    if (plan.kind == 2) {
-      kivi_dispatch<AttendKiviDec2Launch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, plan, s);
-    } else {
-      bool done = false;
-      kivi_dispatch<AttendKiviDecLaunch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, done, s);
-    }
+    bool done = false;
+    kivi_dispatch<AttendKiviDecLaunch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, done, s);
     combine_batch_kernel<AttendKivi><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
     return;
   }
@@ -1017,18 +684,14 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
 }
 
 void attend_kivi(const AttendKivi& a, cudaStream_t s) {
-  const KiviDecPlan plan = a.n == 1 ? kivi_dec_plan(a.c.hd, a.nh, a.c.kvh, a.c.G, a.len, 1) : KiviDecPlan{};
+  const KiviDecPlan plan = a.n == 1 ? kivi_dec_plan(a.c.hd, a.nh, a.c.kvh) : KiviDecPlan{};
   const int chunk = a.n == 1 ? plan.chunk : kivi_chunk(a.n);
   const int S = (a.len + chunk - 1) / chunk;
   const int grp = a.nh / a.c.kvh;
   if (plan.kind > 0) {
     const AttendKivi* none = nullptr;
-    if (plan.kind == 2) {
-      kivi_dispatch<AttendKiviDec2Launch>(a.c, a, none, dim3(a.c.kvh, S, 1), a.c.hd, grp, plan, s);
-    } else {
-      bool done = false;
-      kivi_dispatch<AttendKiviDecLaunch>(a.c, a, none, dim3(a.c.kvh, S, 1), a.c.hd, grp, done, s);
-    }
+    bool done = false;
+    kivi_dispatch<AttendKiviDecLaunch>(a.c, a, none, dim3(a.c.kvh, S, 1), a.c.hd, grp, done, s);
     combine(a.part, a.nh, S, a.c.hd, a.out, s);
     return;
   }

@@ -9,8 +9,7 @@
 //
 // usage: cuda_attn_bench [DEPTH ...]   (default 32768)
 // PTLLM_BENCH_MODES=int4,int8 runs only those of fp16 / int8 / int4 / int2 (e.g. under ncu).
-// The KIVI decode kernel follows PTLLM_CUDA_KIVI_DEC / PTLLM_CUDA_KIVI_TILES (cuda/kernels.h;
-// kivi_dec_plan).
+// The KIVI decode kernel follows PTLLM_CUDA_KIVI_DEC (cuda/kernels.h; kivi_dec_plan).
 #include <cuda_runtime.h>
 
 #include <cstdio>
