@@ -276,16 +276,15 @@ const LoadedModel& stories() {
   return lm;
 }
 
-std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const SamplerConfig& sc,
-                                       const CacheSpec& co, int others) {
-  auto backend = make_engine_backend(stories());
-  Scheduler s(*backend, config(size_t(1) << 30, 16));
+// The tokens of one request (n tokens, EOS ignored) run on backend b, after
+// `others` requests with different prompts, lengths and seeds submitted first,
+// so the request under test shares every decode step with them.
+std::vector<int32_t> run_among(Backend& b, const std::vector<int32_t>& prompt, const SamplerConfig& sc,
+                               const CacheSpec& co, int others, int64_t n) {
+  Scheduler s(b, config(size_t(1) << 30, 16));
   Record rec;
   std::vector<Record> other;
   other.resize(size_t(others));
-  std::vector<std::shared_ptr<Job>> jobs;
-  // Others first, with different prompts, lengths and seeds, so the request
-  // under test shares every decode step with them.
   for (int i = 0; i < others; ++i) {
     std::vector<int32_t> p = {1, int32_t(300 + i), int32_t(20 + 3 * i)};
     for (int k = 0; k < i; ++k) p.push_back(int32_t(100 + k));
@@ -294,7 +293,7 @@ std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const
     j->ignore_eos = true;
     s.submit(j);
   }
-  auto j = make_job(prompt, rec, 48);
+  auto j = make_job(prompt, rec, n);
   j->sampler = sc;
   j->cache = co;
   j->ignore_eos = true;
@@ -302,6 +301,12 @@ std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const
   for (int i = 0; i < 2000 && !s.idle(); ++i) s.step();
   EXPECT_EQ(rec.finishes, 1);
   return rec.tokens;
+}
+
+std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const SamplerConfig& sc,
+                                       const CacheSpec& co, int others) {
+  auto backend = make_engine_backend(stories());
+  return run_among(*backend, prompt, sc, co, others, 48);
 }
 
 TEST(ServeScheduler, BatchInvarianceWithTheEngine) {
@@ -368,20 +373,6 @@ TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
 // Finished requests' caches are kept (cleared) for later requests with the same
 // settings, within the limit: a later request on a reused cache generates the
 // tokens it generates on a new one.
-std::vector<int32_t> run_one(Backend& b, const std::vector<int32_t>& prompt, const SamplerConfig& sc,
-                             const CacheSpec& co, int64_t n) {
-  Scheduler s(b, config(size_t(1) << 30, 16));
-  Record rec;
-  auto j = make_job(prompt, rec, n);
-  j->sampler = sc;
-  j->cache = co;
-  j->ignore_eos = true;
-  s.submit(j);
-  for (int i = 0; i < 2000 && !s.idle(); ++i) s.step();
-  EXPECT_EQ(rec.finishes, 1);
-  return rec.tokens;
-}
-
 TEST(ServeEngineBackend, KeptCachesGiveTheSameTokens) {
   const std::vector<int32_t> prompt = stories().tokenizer->encode("Once upon a time", true);
   CacheSpec bounded;
@@ -392,21 +383,21 @@ TEST(ServeEngineBackend, KeptCachesGiveTheSameTokens) {
   for (const CacheSpec& co : {CacheSpec{}, bounded}) {
     SCOPED_TRACE(co.describe());
     auto fresh = make_engine_backend(stories());
-    const auto ref = run_one(*fresh, prompt, sc, co, 60);
+    const auto ref = run_among(*fresh, prompt, sc, co, 0, 60);
     const size_t per = fresh->reservation_bytes(co);
     EXPECT_EQ(fresh->kept_bytes(), 0u);  // no keep_caches: nothing kept
     auto kept = make_engine_backend(stories());
     kept->keep_caches(3 * per, co, 5);  // room for 3 of the 5 asked for
     EXPECT_EQ(kept->kept_bytes(), 3 * per);
     // A different request first, run past the window: its cache, used, goes back to the pool.
-    run_one(*kept, {1, 300, 42, 77}, SamplerConfig{0.8, 20, 0.95, 99}, co, 90);
+    run_among(*kept, {1, 300, 42, 77}, SamplerConfig{0.8, 20, 0.95, 99}, co, 0, 90);
     EXPECT_EQ(kept->kept_bytes(), 3 * per);
     {
       auto a = kept->start(prompt, co, sc), b = kept->start(prompt, co, sc);
       EXPECT_EQ(kept->kept_bytes(), 1 * per);  // two taken
     }
     EXPECT_EQ(kept->kept_bytes(), 3 * per);  // both given back
-    EXPECT_EQ(run_one(*kept, prompt, sc, co, 60), ref);
+    EXPECT_EQ(run_among(*kept, prompt, sc, co, 0, 60), ref);
     // A request of other settings: made new, and the kept caches it would not fit beside are freed.
     CacheSpec other = co;
     other.storage = KVStorage::F16;
