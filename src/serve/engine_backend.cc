@@ -177,7 +177,6 @@ class EngineBackend : public Backend {
     if (!o.streaming() && int64_t(prompt.size()) > context_length())
       fail("prompt: {} tokens, longer than the model's context of {} tokens", prompt.size(), context_length());
     const int64_t vocab = lm_.model->config().vocab_size;
-    if (!pool_) return std::make_unique<EngineSequence>(new_cache(o), std::move(prompt), s, vocab);
     const std::string key = options_key(o);
     const size_t bytes = reservation_bytes(o);
     auto cache = pool_->take(key, bytes);
@@ -202,7 +201,6 @@ class EngineBackend : public Backend {
   }
 
   void keep_caches(size_t limit_bytes, const CacheSpec& spec, int64_t warm) override {
-    pool_ = std::make_shared<CachePool>();
     pool_->set_limit(limit_bytes);
     const std::string key = options_key(spec);
     const size_t bytes = reservation_bytes(spec);
@@ -214,7 +212,7 @@ class EngineBackend : public Backend {
     }
     for (auto& c : made) pool_->keep(key, std::move(c), bytes);
   }
-  size_t kept_bytes() const override { return pool_ ? pool_->idle_bytes() : 0; }
+  size_t kept_bytes() const override { return pool_->idle_bytes(); }
 
   void prefill(Sequence& base, int64_t max_tokens) override {
     auto& s = static_cast<EngineSequence&>(base);
@@ -233,8 +231,9 @@ class EngineBackend : public Backend {
   // together, one token per sequence per Model::forward_batch, as decode steps
   // are: each weight is read once per token position for all of them, where a
   // per-prompt forward() reads (and packs for its GEMM) every weight once per
-  // prompt. Measured (flagship-27m, 16 requests of a 5-token prompt arriving
-  // together, docs/SERVER.md): time to first token 275-320 ms per-prompt.
+  // prompt. Measured (flagship-27m, a 5-token prompt, docs/SERVER.md "Latency,
+  // session 9"): one request's server-side time to first token 24 ms stepped
+  // against 102-241 ms per-prompt.
   // Batch invariance holds: whether a prompt is stepped depends only on its own
   // length, and a forward_batch row is bit-identical to forward() of that token
   // alone, whichever rows it shares the call with. A longer prompt takes the
@@ -274,23 +273,15 @@ class EngineBackend : public Backend {
 
   void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) override {
     // Sequences with a token sampled but not yet run go through one batched forward.
-    run_.clear();
-    tokens_.clear();
-    caches_.clear();
+    clear_rows();
     batch_row_.assign(seqs.size(), -1);
     for (size_t i = 0; i < seqs.size(); ++i) {
       auto& s = static_cast<EngineSequence&>(*seqs[i]);
       if (s.pending < 0) continue;
       batch_row_[i] = int64_t(run_.size());
-      run_.push_back(&s);
-      tokens_.push_back(s.pending);
-      caches_.push_back(s.cache.get());
+      add_row(s, s.pending);
     }
-    if (!run_.empty()) {
-      const size_t vocab = size_t(lm_.model->config().vocab_size);
-      batch_logits_.resize(run_.size() * vocab);
-      lm_.model->forward_batch(tokens_.data(), int64_t(run_.size()), caches_.data(), batch_logits_.data());
-    }
+    forward_rows();
     // Per sequence: its logits out of the batch, the finiteness check and its
     // sampler (a full pass over the vocabulary each: at 16 sequences of a
     // 32,000-token vocabulary ~1/3 of a step on one thread). Each sequence's
@@ -323,21 +314,13 @@ class EngineBackend : public Backend {
     size_t longest = 0;
     for (const EngineSequence* s : seqs) longest = std::max(longest, s->prompt.size());
     const size_t vocab = size_t(lm_.model->config().vocab_size);
-    std::vector<EngineSequence*> rows;
     for (size_t t = 0; t < longest; ++t) {
-      rows.clear();
-      tokens_.clear();
-      caches_.clear();
+      clear_rows();
       for (EngineSequence* s : seqs)
-        if (s->prompt.size() > t) {
-          rows.push_back(s);
-          tokens_.push_back(s->prompt[t]);
-          caches_.push_back(s->cache.get());
-        }
-      batch_logits_.resize(rows.size() * vocab);
-      lm_.model->forward_batch(tokens_.data(), int64_t(rows.size()), caches_.data(), batch_logits_.data());
-      for (size_t r = 0; r < rows.size(); ++r) {
-        EngineSequence& s = *rows[r];
+        if (s->prompt.size() > t) add_row(*s, s->prompt[t]);
+      forward_rows();
+      for (size_t r = 0; r < run_.size(); ++r) {
+        EngineSequence& s = *run_[r];
         s.fed = t + 1;
         if (s.prefilled()) {
           std::copy_n(batch_logits_.data() + r * vocab, vocab, s.logits.data());
@@ -345,6 +328,25 @@ class EngineBackend : public Backend {
         }
       }
     }
+  }
+
+  // The rows of one Model::forward_batch (decode's step, or one position of
+  // step_prompts): a sequence and the token it runs. forward_rows() leaves
+  // row r's logits at batch_logits_[r * vocab].
+  void clear_rows() {
+    run_.clear();
+    tokens_.clear();
+    caches_.clear();
+  }
+  void add_row(EngineSequence& s, int32_t token) {
+    run_.push_back(&s);
+    tokens_.push_back(token);
+    caches_.push_back(s.cache.get());
+  }
+  void forward_rows() {
+    if (run_.empty()) return;
+    batch_logits_.resize(run_.size() * size_t(lm_.model->config().vocab_size));
+    lm_.model->forward_batch(tokens_.data(), int64_t(run_.size()), caches_.data(), batch_logits_.data());
   }
 
   // A made cache, resident in full: its reservation counts the whole cache, so
@@ -365,8 +367,9 @@ class EngineBackend : public Backend {
   const LoadedModel& lm_;
   std::mutex mu_;
   std::map<std::string, size_t> memo_;
-  std::shared_ptr<CachePool> pool_;  // null until keep_caches()
-  // decode() scratch (the scheduler's thread only): the batch of one step.
+  // Limit 0 (keeps nothing) until keep_caches() sets the budget.
+  std::shared_ptr<CachePool> pool_ = std::make_shared<CachePool>();
+  // Rows of one forward_batch (the scheduler's thread only; add_row).
   std::vector<EngineSequence*> run_;
   std::vector<int32_t> tokens_;
   std::vector<KVCache*> caches_;

@@ -309,12 +309,18 @@ std::vector<int32_t> run_alone_or_with(const std::vector<int32_t>& prompt, const
   return run_among(*backend, prompt, sc, co, others, 48);
 }
 
+// A bounded quantised cache that stories260K's requests run past (evicting).
+CacheSpec int4_sink4_window28() {
+  CacheSpec c;
+  c.storage = KVStorage::Int4;
+  c.sink = 4;
+  c.window = 28;
+  return c;
+}
+
 TEST(ServeScheduler, BatchInvarianceWithTheEngine) {
   const std::vector<int32_t> prompt = stories().tokenizer->encode("Once upon a time", true);
-  CacheSpec bounded;
-  bounded.storage = KVStorage::Int4;
-  bounded.sink = 4;
-  bounded.window = 28;
+  const CacheSpec bounded = int4_sink4_window28();
   for (const SamplerConfig& sc : {SamplerConfig{0.0, 0, 1.0, 0}, SamplerConfig{1.0, 40, 0.9, 7}})
     for (const CacheSpec& co : {CacheSpec{}, bounded}) {
       const auto alone = run_alone_or_with(prompt, sc, co, 0);
@@ -375,10 +381,7 @@ TEST(ServeEngineBackend, ReservationIsTheFullCacheBytes) {
 // tokens it generates on a new one.
 TEST(ServeEngineBackend, KeptCachesGiveTheSameTokens) {
   const std::vector<int32_t> prompt = stories().tokenizer->encode("Once upon a time", true);
-  CacheSpec bounded;
-  bounded.storage = KVStorage::Int4;
-  bounded.sink = 4;
-  bounded.window = 28;
+  const CacheSpec bounded = int4_sink4_window28();
   const SamplerConfig sc{1.0, 40, 0.9, 7};
   for (const CacheSpec& co : {CacheSpec{}, bounded}) {
     SCOPED_TRACE(co.describe());
