@@ -92,11 +92,32 @@ constexpr int kMaxNT = 4;
 using RowDot = void (*)(const std::byte* w, const std::byte* xq, size_t xstride, int64_t nb, int nt, float* out);
 // x [n] -> activation blocks (quantize_act's bytes exactly, at every level).
 using ActQuant = void (*)(DType t, const float* x, int64_t n, std::byte* dst);
+// Rows per register tile of a TileDot.
+constexpr int kTileRows = 4;
+// A tile's activations: each row of A32 blocks re-laid once per call
+// (TileActs), so that a token's operands cost the tile nothing but loads.
+// One TilePair holds blocks 2p and 2p + 1 (the last alone when the count is
+// odd, its second half zero): the codes as the level's tile uses them, the
+// block scales spread over the lanes, and a per-lane seed for dpbusd.
+struct TilePair { int8_t qs[64]; float d[16]; int32_t seed[16]; };
+inline size_t tile_row_bytes(int64_t nb) { return size_t((nb + 1) / 2) * sizeof(TilePair); }
+// One row of nb A32 blocks -> tile_row_bytes(nb) bytes for weights of type t.
+using TileActs = void (*)(DType t, const std::byte* a32, int64_t nb, std::byte* dst);
+// out[r * kMaxNT + t] = W_row_r · x_t for r < nr <= kTileRows, t < nt <=
+// kMaxNT; weight rows are `wstride` bytes apart, activation rows (TileActs'
+// layout) `xs` bytes. A level that has one for a type computes every (row,
+// token) sum with the same instructions whatever nr and nt are, so a result
+// depends neither on how many tokens nor on which rows share the tile.
+using TileDot = void (*)(const std::byte* w, size_t wstride, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
+                         float* out);
 struct Kernels {
   ActQuant quantize_act;
   RowDot dot[8];  // by DType, Q8_0 first
+  // Register-tiled rows x tokens; where a type has one, it replaces `dot`.
+  TileDot tile[8] = {};
+  TileActs tile_acts = nullptr;
 };
-inline int kernel_index(DType t) { return int(t) - int(DType::Q8_0); }
+constexpr int kernel_index(DType t) { return int(t) - int(DType::Q8_0); }
 
 const Kernels& kernels_scalar();
 const Kernels& kernels_avx2();
