@@ -88,8 +88,9 @@ void expect_batch_invariant(const Model& m, const CacheSpec& spec) {
     EXPECT_EQ(seqs[size_t(b)]->cache().position(), 3 + b % 7 + kSteps);
     EXPECT_EQ(seqs[size_t(b)]->timing().decode_tokens, kSteps);
   }
-  if (spec.streaming())  // the bound really evicted
+  if (spec.streaming()) {  // the bound really evicted
     EXPECT_EQ(seqs.back()->cache().stored(0), spec.sink + spec.window);
+  }
 }
 
 void for_each_level(const std::function<void()>& fn) {
