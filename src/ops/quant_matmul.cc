@@ -60,7 +60,7 @@ class QuantX {
   const std::byte* data(DType t) const { return uses_a256(t) ? a256_.data() : a32_.data(); }
   size_t stride(DType t) const { return act_row_bytes(t, in_); }
   const std::byte* tiled(DType t) const { return tiled_[size_t(kernel_index(t))].data(); }
-  size_t tiled_stride() const { return tile_row_bytes(in_ / 32); }
+  size_t tiled_stride() const { return tile_row_bytes(in_ / 32); }  // the tiled types have 32-element blocks
 
  private:
   const float* x_;
@@ -70,42 +70,34 @@ class QuantX {
 };
 
 // y[t, o] for o in [r0, r1), every token. y rows are y_stride floats apart.
+// Up to kMaxNT tokens per pass; with the level's tile for this type, up to
+// kTileRows rows per pass too (one token goes row by row: it is bound by the
+// weight stream, which the kernel prefetches ahead of one row; with 4 rows in
+// flight those prefetches landed in rows already being read and the 1B-shape
+// decode lost 25-30%); else the row dot, one row per pass.
 void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
               const float* bias, int64_t r0, int64_t r1) {
   const RowDot dot = k.dot[kernel_index(w.dtype)];
   const TileDot tile = k.tile[kernel_index(w.dtype)];
   const int64_t in = w.cols(), nb = in / int64_t(block_elems(w.dtype));
-  const size_t rb = storage_bytes(w.dtype, size_t(in)), xs = qx.stride(w.dtype);
-  const std::byte* xq = qx.data(w.dtype);
-  if (tile) {
-    // kTileRows rows x kMaxNT tokens in registers. One token goes row by
-    // row: it is bound by the weight stream, which the kernel prefetches
-    // ahead of one row (with 4 rows in flight those prefetches land in rows
-    // already being read; the 1B-shape decode lost 25-30%).
-    const std::byte* xt = qx.tiled(w.dtype);
-    const size_t ts = qx.tiled_stride();
-    float tt[kTileRows * kMaxNT];
-    const int64_t tile_rows = n_tokens == 1 ? 1 : kTileRows;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
-      const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
-      for (int64_t o = r0; o < r1; o += tile_rows) {
-        const int nr = int(std::min<int64_t>(tile_rows, r1 - o));
-        tile(w.data + size_t(o) * rb, rb, nr, xt + size_t(t0) * ts, ts, nb, nt, tt);
-        for (int r = 0; r < nr; ++r) {
-          const float bo = bias ? bias[o + r] : 0.f;
-          for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + o + r] = tt[r * kMaxNT + j] + bo;
-        }
-      }
-    }
-    return;
-  }
-  float tmp[kMaxNT];
+  const size_t rb = storage_bytes(w.dtype, size_t(in));
+  const std::byte* xq = tile ? qx.tiled(w.dtype) : qx.data(w.dtype);
+  const size_t xs = tile ? qx.tiled_stride() : qx.stride(w.dtype);
+  const int64_t rows_per_pass = tile && n_tokens > 1 ? kTileRows : 1;
+  float out[kTileRows * kMaxNT];  // [row][kMaxNT]
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
     const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
-    for (int64_t o = r0; o < r1; ++o) {
-      dot(w.data + size_t(o) * rb, xq + size_t(t0) * xs, xs, nb, nt, tmp);
-      const float bo = bias ? bias[o] : 0.f;
-      for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + o] = tmp[j] + bo;
+    for (int64_t o = r0; o < r1; o += rows_per_pass) {
+      const int nr = int(std::min<int64_t>(rows_per_pass, r1 - o));
+      const std::byte* wo = w.data + size_t(o) * rb;
+      if (tile)
+        tile(wo, rb, nr, xq + size_t(t0) * xs, xs, nb, nt, out);
+      else
+        dot(wo, xq + size_t(t0) * xs, xs, nb, nt, out);
+      for (int r = 0; r < nr; ++r) {
+        const float bo = bias ? bias[o + r] : 0.f;
+        for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + o + r] = out[r * kMaxNT + j] + bo;
+      }
     }
   }
 }
