@@ -94,21 +94,19 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
   // clears its context's cache: a fresh cache per repeat put its first-touch
   // page faults inside the timed prefill (flagship-27m pp512: ~8% of the
   // profile in the cache append, another ~8% in the kernel).
-  // All prefill repeats run first, so that this cache is freed before the
-  // decode repeats make theirs (peak RSS holds one of them).
-  if (o.prompt_tokens > 0) {
-    Decoder d(model, make_cache(model.cache_shape(r.capacity), spec));
-    for (int64_t rep = 0; rep < runs; ++rep) {
+  std::unique_ptr<Decoder> pre;
+  if (o.prompt_tokens > 0) pre = std::make_unique<Decoder>(model, make_cache(model.cache_shape(r.capacity), spec));
+  for (int64_t rep = 0; rep < runs; ++rep) {
+    const bool keep = !o.warmup || rep > 0;
+    if (o.prompt_tokens > 0) {
+      Decoder& d = *pre;
       d.cache().clear();
       const auto [s, cs] = timed([&] { d.prefill(std::span(ids.data(), size_t(o.prompt_tokens))); });
-      if (!o.warmup || rep > 0) {
+      if (keep) {
         r.prefill_tps.push_back(double(o.prompt_tokens) / s);
         r.prefill_cpu_tps.push_back(double(o.prompt_tokens) / cs);
       }
     }
-  }
-  for (int64_t rep = 0; rep < runs; ++rep) {
-    const bool keep = !o.warmup || rep > 0;
     if (o.gen_tokens > 0 && o.batch > 1) {
       // Sequence b takes the id b places on from sequence 0's (the ids only have to be valid).
       const int64_t at = o.depth + rep * o.gen_tokens;

@@ -1,10 +1,9 @@
 // Throughput of the decode loop, llama-bench style (the `bench` command).
 //
-// The prefill repeats come first: each times one prefill of prompt_tokens
-// into one cache, cleared between repeats as llama-bench clears its
-// context's cache (so the cache's first-touch page faults are not timed);
-// that cache is freed before the decode repeats, each of which times
-// gen_tokens single-token steps on a fresh cache. With depth D the steps are timed after
+// Each repeat times one prefill of prompt_tokens into one cache, cleared
+// between repeats as llama-bench clears its context's cache (so the cache's
+// first-touch page faults are not timed), then times gen_tokens single-token
+// steps on a fresh cache. With depth D the steps are timed after
 // the cache already holds D tokens (the fill itself is not timed), so decode
 // speed at a given context is visible. Tokens are deterministic pseudo-random
 // ids: speed does not depend on them. One untimed warm-up repeat comes first
