@@ -176,10 +176,188 @@ void tile512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t 
   }
 }
 
+// ---------- Q4_K / Q5_K / Q6_K register tiles on 512-bit vectors ----------
+// The token side is the A256 rows as they are (no re-layout). Chunk c of a
+// super-block is 64 elements: the low nibbles of qs[32c..32c+31] (sub-block
+// 2c) then the high ones (2c + 1), the same order as the token's codes
+// qs[64c..64c+63], so one 512-bit weight vector meets one 512-bit token load.
+// maddubs (u8 levels x s8 codes, pair sums <= 2 * 31 * 127, no saturation)
+// then dpwssd by [sc_2c x16 | sc_2c+1 x16] gives 16 exact i32 lane sums of
+// sum_s sc[s] * (q . xq)_s. The mins term sum_s m[s] * bsum32(s) is
+// sum_k m[k/2] * bsums[k] over the token's 16 per-16 sums: one madd, 8 lanes.
+// Per (row, token, super-block): x = dx * (d * S - dmin * M), S in 16 lanes,
+// M in lanes 0-7 (cvt, mul, masked FMA, FMA). Every (row, token) sum runs
+// the same instructions whatever else shares the tile (batch invariance).
+// The results differ from the 256-bit kernel's in the last fp32 bits (the
+// float terms are grouped differently).
+
+// Q6_K: half h of a super-block is [ql0 | ql1] = ql[64h .. 64h + 63] and
+// qh[32h .. 32h + 31]; its levels e (0..63) for elements 128h + 0..63 are the
+// low nibbles with qh bits 0-1 / 2-3, for 128h + 64..127 the high nibbles
+// with bits 4-5 / 6-7 (BlockQ6_K), each 64 in the token's code order. maddubs
+// (pair sums <= 2 * 63 * 128) then dpwssd by the signed scale of each
+// 16-element sub-block (8 i16 lanes each). The -32 offset stays in the
+// integers: S - 32 * sum_k sc[k] * bsums[k] (one madd, 8 lanes), exact; then
+// x = d * dx * S' (cvt, mul, FMA).
+template <int NT>
+__attribute__((always_inline)) inline void tileq6k512_row(const std::byte* row, const A256* const* x, int64_t i,
+                                                           __m512& c0, __m512& c1, __m512& c2, __m512& c3) {
+  const BlockQ6_K& b = reinterpret_cast<const BlockQ6_K*>(row)[i];
+  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+  const __m512i sc512 = _mm512_castsi256_si512(sc16);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m512i l = _mm512_loadu_si512(b.ql + 64 * h);
+    const __m256i qh = load32(b.qh + 32 * h);
+    const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i e[2] = {
+        _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_slli_epi16(_mm512_and_si512(hh, three), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), three), 4))};
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      // Sub-blocks 8h + 4k .. 8h + 4k + 3, 8 i16 lanes each.
+      const short s = short(8 * h + 4 * k);
+      const __m512i scv = _mm512_permutexvar_epi16(
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16(s), _mm_set1_epi16(short(s + 1)))),
+                             _mm256_setr_m128i(_mm_set1_epi16(short(s + 2)), _mm_set1_epi16(short(s + 3))), 1),
+          sc512);
+      const auto mac = [&](const A256* xt, __m512i& acc) {
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(e[k], _mm512_loadu_si512(xt[i].qs + 128 * h + 64 * k)), scv);
+      };
+      mac(x[0], s0);
+      if constexpr (NT > 1) mac(x[1], s1);
+      if constexpr (NT > 2) mac(x[2], s2);
+      if constexpr (NT > 3) mac(x[3], s3);
+    }
+  }
+  const __m512 d = _mm512_set1_ps(h2f(b.d));
+  const auto fold = [&](const A256* xt, __m512i s, __m512& acc) {
+    const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load32(xt[i].bsums)), 5);
+    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(corr));
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), d), _mm512_set1_ps(xt[i].d), acc);
+  };
+  fold(x[0], s0, c0);
+  if constexpr (NT > 1) fold(x[1], s1, c1);
+  if constexpr (NT > 2) fold(x[2], s2, c2);
+  if constexpr (NT > 3) fold(x[3], s3, c3);
+}
+
+template <DType D>
+using KBlock = std::conditional_t<D == DType::Q4_K, BlockQ4_K, std::conditional_t<D == DType::Q5_K, BlockQ5_K, BlockQ6_K>>;
+
+template <bool kFive, int NT>
+__attribute__((always_inline)) inline void tileq45k512_row(const std::byte* row, const A256* const* x, int64_t i,
+                                                            __m512& c0, __m512& c1, __m512& c2, __m512& c3) {
+  using B = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  const B& b = reinterpret_cast<const B*>(row)[i];
+  __m128i sc8, m8;
+  k4_scales_simd(b.scales, &sc8, &m8);
+  // [sc0..sc7] as i16 in the low 128 bits; [m0 m0 m1 m1 .. m7 m7] as i16.
+  const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sc8));
+  const __m256i mexp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+  const __m512 d = _mm512_set1_ps(h2f(b.d)), ndmin = _mm512_set1_ps(-h2f(b.dmin));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i hb;
+  if constexpr (kFive) {
+    const __m256i h = load32(b.qh);
+    hb = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 1), 1);
+  }
+  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = load32(b.qs + 32 * c);
+    __m512i wv = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), low4);
+    if constexpr (kFive)
+      // bit 2c of qh[l] is element 64c + l's fifth bit, bit 2c + 1 element
+      // 64c + 32 + l's: hb holds [qh | qh >> 1], so bit 2c of each byte.
+      wv = _mm512_or_si512(
+          wv, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * c), _mm512_set1_epi8(1)), 4));
+    const __m512i scv = _mm512_permutexvar_epi16(
+        _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)), 1), sc16);
+    const auto mac = [&](const A256* xt, __m512i& s) {
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(wv, _mm512_loadu_si512(xt[i].qs + 64 * c)), scv);
+    };
+    mac(x[0], s0);
+    if constexpr (NT > 1) mac(x[1], s1);
+    if constexpr (NT > 2) mac(x[2], s2);
+    if constexpr (NT > 3) mac(x[3], s3);
+  }
+  const auto fold = [&](const A256* xt, const __m512i& s, __m512& acc) {
+    const __m256i mm = _mm256_madd_epi16(mexp, load32(xt[i].bsums));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(s), d);
+    v = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(mm)), ndmin, v, 0x00FF);
+    acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xt[i].d), acc);
+  };
+  fold(x[0], s0, c0);
+  if constexpr (NT > 1) fold(x[1], s1, c1);
+  if constexpr (NT > 2) fold(x[2], s2, c2);
+  if constexpr (NT > 3) fold(x[3], s3, c3);
+}
+
+template <DType D, int NT>
+__attribute__((always_inline)) inline void tilek512_row(const std::byte* row, const A256* const* x, int64_t i,
+                                                         __m512& c0, __m512& c1, __m512& c2, __m512& c3) {
+  if constexpr (D == DType::Q6_K)
+    tileq6k512_row<NT>(row, x, i, c0, c1, c2, c3);
+  else
+    tileq45k512_row<D == DType::Q5_K, NT>(row, x, i, c0, c1, c2, c3);
+}
+
+template <DType D, int NR, int NT>
+void tilek512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+  static_assert(NR >= 1 && NR <= 4 && NT >= 1 && NT <= 4);
+  using B = KBlock<D>;
+  const std::byte* r[NR];
+  const A256* x[NT];
+  for (int k = 0; k < NR; ++k) r[k] = w + size_t(k) * ws;
+  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const A256*>(xt + size_t(t) * xs);
+  // Named accumulators: see tile512_t.
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
+         a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+  for (int64_t i = 0; i < nb; ++i) {
+    // A super-block spans 3-4 cache lines; every pass prefetches (the K
+    // types' prefill gained from it too, quant_simd.inc).
+    for (int k = 0; k < NR; ++k)
+      for (int l = 0; l < int(sizeof(B)); l += 64) prefetch_ahead(r[k] + size_t(i) * sizeof(B) + l);
+    tilek512_row<D, NT>(r[0], x, i, a00, a01, a02, a03);
+    if constexpr (NR > 1) tilek512_row<D, NT>(r[1], x, i, a10, a11, a12, a13);
+    if constexpr (NR > 2) tilek512_row<D, NT>(r[2], x, i, a20, a21, a22, a23);
+    if constexpr (NR > 3) tilek512_row<D, NT>(r[3], x, i, a30, a31, a32, a33);
+  }
+  const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+  for (int k = 0; k < NR; ++k)
+    for (int t = 0; t < NT; ++t) out[k * kMaxNT + t] = hsum512(acc[k][t]);
+}
+
+template <DType D, int NR>
+void tilek512_nr(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
+  switch (nt) {
+    case 1: return tilek512_t<D, NR, 1>(w, ws, xt, xs, nb, out);
+    case 2: return tilek512_t<D, NR, 2>(w, ws, xt, xs, nb, out);
+    case 3: return tilek512_t<D, NR, 3>(w, ws, xt, xs, nb, out);
+    default: return tilek512_t<D, NR, 4>(w, ws, xt, xs, nb, out);
+  }
+}
+template <DType D>
+void tilek512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
+  switch (nr) {
+    case 1: return tilek512_nr<D, 1>(w, ws, xt, xs, nb, nt, out);
+    case 2: return tilek512_nr<D, 2>(w, ws, xt, xs, nb, nt, out);
+    case 3: return tilek512_nr<D, 3>(w, ws, xt, xs, nb, nt, out);
+    default: return tilek512_nr<D, 4>(w, ws, xt, xs, nb, nt, out);
+  }
+}
+
 constexpr Kernels kTable512 = [] {
   Kernels k = kTable;
   k.tile[kernel_index(DType::Q8_0)] = tile512<DType::Q8_0>;
   k.tile[kernel_index(DType::Q4_0)] = tile512<DType::Q4_0>;
+  k.tile[kernel_index(DType::Q4_K)] = tilek512<DType::Q4_K>;
+  k.tile[kernel_index(DType::Q5_K)] = tilek512<DType::Q5_K>;
+  k.tile[kernel_index(DType::Q6_K)] = tilek512<DType::Q6_K>;
   k.tile_acts = tile_acts512;
   return k;
 }();

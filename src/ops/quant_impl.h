@@ -104,8 +104,8 @@ inline size_t tile_row_bytes(int64_t nb) { return size_t((nb + 1) / 2) * sizeof(
 // One row of nb A32 blocks -> tile_row_bytes(nb) bytes for weights of type t.
 using TileActs = void (*)(DType t, const std::byte* a32, int64_t nb, std::byte* dst);
 // out[r * kMaxNT + t] = W_row_r · x_t for r < nr <= kTileRows, t < nt <=
-// kMaxNT; weight rows are `wstride` bytes apart, activation rows (TileActs'
-// layout) `xs` bytes. A level that has one for a type computes every (row,
+// kMaxNT; weight rows are `wstride` bytes apart, activation rows `xs` bytes
+// (TileActs' layout for the 32-element types, the A256 rows for the K types). A level that has one for a type computes every (row,
 // token) sum with the same instructions whatever nr and nt are, so a result
 // depends neither on how many tokens nor on which rows share the tile.
 using TileDot = void (*)(const std::byte* w, size_t wstride, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,

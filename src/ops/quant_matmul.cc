@@ -49,7 +49,7 @@ class QuantX {
       for (int64_t r = 0; r < n_; ++r) quant(t, x_ + r * in_, in_, buf.data() + size_t(r) * stride);
     }
     std::vector<std::byte>& tb = tiled_[size_t(kernel_index(t))];
-    if (kn.tile[kernel_index(t)] && tb.empty()) {
+    if (kn.tile[kernel_index(t)] && relaid(t) && tb.empty()) {
       const int64_t nb = in_ / 32;
       const size_t stride = tile_row_bytes(nb), src = act_row_bytes(t, in_);
       tb.resize(stride * size_t(n_));
@@ -59,8 +59,11 @@ class QuantX {
   }
   const std::byte* data(DType t) const { return uses_a256(t) ? a256_.data() : a32_.data(); }
   size_t stride(DType t) const { return act_row_bytes(t, in_); }
-  const std::byte* tiled(DType t) const { return tiled_[size_t(kernel_index(t))].data(); }
-  size_t tiled_stride() const { return tile_row_bytes(in_ / 32); }  // the tiled types have 32-element blocks
+  // The tiles of the 32-element types take their rows re-laid (TileActs);
+  // the K types' tiles read the A256 rows as they are.
+  static bool relaid(DType t) { return !uses_a256(t); }
+  const std::byte* tiled(DType t) const { return relaid(t) ? tiled_[size_t(kernel_index(t))].data() : data(t); }
+  size_t tiled_stride(DType t) const { return relaid(t) ? tile_row_bytes(in_ / 32) : stride(t); }
 
  private:
   const float* x_;
@@ -82,7 +85,7 @@ void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n
   const int64_t in = w.cols(), nb = in / int64_t(block_elems(w.dtype));
   const size_t rb = storage_bytes(w.dtype, size_t(in));
   const std::byte* xq = tile ? qx.tiled(w.dtype) : qx.data(w.dtype);
-  const size_t xs = tile ? qx.tiled_stride() : qx.stride(w.dtype);
+  const size_t xs = tile ? qx.tiled_stride(w.dtype) : qx.stride(w.dtype);
   const int64_t rows_per_pass = tile && n_tokens > 1 ? kTileRows : 1;
   float out[kTileRows * kMaxNT];  // [row][kMaxNT]
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {

@@ -162,15 +162,18 @@ TEST(QuantMatmul, RowsAreBitIdenticalWhateverNTokens) {
   }
 }
 
-// An odd number of blocks per row (the 512-bit tiles pair blocks: the last
-// one goes alone), rows that do not fill a row tile, and a weight view that
-// starts one row later (so every row meets different tile neighbours): each
-// output equals the scalar path's within 1e-5 of sum |w x|, and is
-// bit-identical to the same row and token computed with other rows and tokens.
+// An odd number of blocks per row (the 512-bit tiles of the 32-element types
+// pair blocks: the last one goes alone), rows that do not fill a row tile, and
+// a weight view that starts one row later (so every row meets different tile
+// neighbours): each output equals the scalar path's within 1e-5 of sum |w x|,
+// and is bit-identical to the same row and token computed with other rows and
+// tokens. The K types (super-blocks of 256, tiled one super-block at a time)
+// take 3 super-blocks.
 TEST(QuantMatmul, OddBlockCountsAndRowTilesAgree) {
   SimdGuard g;
-  const int64_t rows = 7, cols = 9 * 32, n = 6;
-  for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1}) {
+  const int64_t rows = 7, n = 6;
+  for (DType t : kTypes) {
+    const int64_t cols = ops::q::uses_a256(t) ? 3 * 256 : 9 * 32;
     QWeight w(t, rows, cols, 17);
     const auto x = randn(size_t(n * cols), 23);
     ops::set_simd_level(ops::SimdLevel::Scalar);
