@@ -93,6 +93,25 @@ class PlainStore : public KVStore {
         ops::weighted_sum_rows(p + pc[j].slot, base + pc[j].row * head_dim_, pc[j].n, head_dim_, out);
     }
   }
+  // The queries' sums over the longest len: a key past a query's own len has
+  // p == 0 there and is skipped, as value_sum skips it, so each sum is value_sum's.
+  void value_sum_multi(int64_t head, const float* staged, const float* const* p, const int64_t* len, int m,
+                       float* const* out) const override {
+    const int64_t n = *std::max_element(len, len + m);
+    for (int j = 0; j < m; ++j) std::fill(out[j], out[j] + head_dim_, 0.f);
+    if constexpr (D != DType::F32) {
+      ops::weighted_sum_rows_multi(p, m, staged, n, head_dim_, out);
+    } else {
+      const float* base = data_.data() + head * capacity_ * head_dim_;
+      SlotPiece pc[3];
+      const int np = pieces(0, n, pc);
+      for (int k = 0; k < np; ++k) {
+        const float* pk[ops::kMultiQueries];
+        for (int j = 0; j < m; ++j) pk[j] = p[j] + pc[k].slot;
+        ops::weighted_sum_rows_multi(pk, m, base + pc[k].row * head_dim_, pc[k].n, head_dim_, out);
+      }
+    }
+  }
   size_t payload_bytes() const override { return size_t(len_ * n_heads_ * head_dim_) * sizeof(Elem); }
   void clear() override {
     KVStore::clear();
@@ -144,6 +163,11 @@ void KVStore::key_scores(int64_t head, const float* staged, const float* q, int6
 void KVStore::value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const {
   std::fill(out, out + head_dim_, 0.f);
   ops::weighted_sum_rows(p, staged, len, head_dim_, out);
+}
+
+void KVStore::value_sum_multi(int64_t head, const float* staged, const float* const* p, const int64_t* len, int m,
+                              float* const* out) const {
+  for (int j = 0; j < m; ++j) value_sum(head, staged, p[j], len[j], out[j]);
 }
 
 std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim,

@@ -71,6 +71,12 @@ class KVStore {
                           const float* kcos, const float* ksin, float scale, float* scores) const;
   // V: out[head_dim] = sum over slots t < len of p[t] v_t (p[t] == 0: skipped).
   virtual void value_sum(int64_t head, const float* staged, const float* p, int64_t len, float* out) const;
+  // value_sum(head, staged, p[j], len[j], out[j]) for j < m <= ops::kMultiQueries,
+  // with identical results. p[j] has max(len) entries, 0 past len[j]. The
+  // default calls value_sum per query; fp32/fp16/bf16 rows share each row's
+  // loads among the queries (ops::weighted_sum_rows_multi).
+  virtual void value_sum_multi(int64_t head, const float* staged, const float* const* p, const int64_t* len, int m,
+                               float* const* out) const;
 
   // Bytes of live payload (codes / values of stored rows) and of scales+zeros.
   virtual size_t payload_bytes() const = 0;

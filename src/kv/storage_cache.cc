@@ -200,40 +200,63 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   // thread either way, so the split does not change the result).
 #pragma omp parallel if (2 * n * s.n_heads * len * hd >= ops::parallel_min_work())
   {
-    std::vector<float> qr(static_cast<size_t>(hd)), scores(static_cast<size_t>(std::max<int64_t>(len, 1)));
+    // Up to kQ consecutive queries of one head per work item: their value
+    // sums share each value row's loads (value_sum_multi: each query's sum
+    // is its own, identical to value_sum's).
+    constexpr int kQ = ops::kMultiQueries;
+    std::vector<float> qr(static_cast<size_t>(hd)),
+        scores(static_cast<size_t>(kQ * std::max<int64_t>(len, 1)));
+    const int64_t n_blocks = (n + kQ - 1) / kQ;
 #pragma omp for schedule(static, 1)
-    for (int64_t ih = 0; ih < n * s.n_heads; ++ih) {
-      const int64_t i = ih / s.n_heads, h = ih % s.n_heads, kvh = h / group;
+    for (int64_t bh = 0; bh < n_blocks * s.n_heads; ++bh) {
+      const int64_t i0 = (bh / s.n_heads) * kQ, h = bh % s.n_heads, kvh = h / group;
+      const int m = int(std::min<int64_t>(kQ, n - i0));
       const HadamardRotation* rot = rotation(layer, kvh);
-      float* o = out + i * qstride + h * hd;
       const float* kstage = k_staged ? kbuf_.data() + kvh * s.capacity * hd : nullptr;
       const float* vstage = v_staged ? vbuf_.data() + kvh * s.capacity * hd : nullptr;
-      // Causal by slot: query i sees slots 0..first+i.
-      const int64_t li = first + i + 1, q_pos = kp[first + i];
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li);
-        if (b >= e) break;
-        std::copy_n(q + i * qstride + h * hd, hd, qr.data());
-        rope_.apply(qr.data(), 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
-        // Keys are M R(pos) k: the query after its RoPE is turned by the same M.
-        if (rot) rot->forward(qr.data());
-        ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, scores.data());
+      float* ps[kQ];
+      int64_t lens[kQ];
+      float* outs[kQ];
+      int active = 0;
+      for (int j = 0; j < m; ++j) {
+        const int64_t i = i0 + j;
+        float* o = out + i * qstride + h * hd;
+        float* sc = scores.data() + j * len;
+        // Causal by slot: query i sees slots 0..first+i.
+        const int64_t li = first + i + 1, q_pos = kp[first + i];
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li);
+          if (b >= e) break;
+          std::copy_n(q + i * qstride + h * hd, hd, qr.data());
+          rope_.apply(qr.data(), 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
+          // Keys are M R(pos) k: the query after its RoPE is turned by the same M.
+          if (rot) rot->forward(qr.data());
+          ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, sc);
+        }
+        bool any = false;
+        for (int64_t t = 0; t < li; ++t) {
+          const int64_t p = kp[t];
+          if (p <= q_pos && (window <= 0 || p > q_pos - window))
+            any = true;
+          else
+            sc[t] = -INFINITY;
+        }
+        if (!any) {
+          std::fill(o, o + hd, 0.f);
+          continue;
+        }
+        ops::softmax(sc, li);
+        ps[active] = sc;
+        lens[active] = li;
+        outs[active++] = o;
       }
-      bool any = false;
-      for (int64_t t = 0; t < li; ++t) {
-        const int64_t p = kp[t];
-        if (p <= q_pos && (window <= 0 || p > q_pos - window))
-          any = true;
-        else
-          scores[size_t(t)] = -INFINITY;
-      }
-      if (!any) {
-        std::fill(o, o + hd, 0.f);
-        continue;
-      }
-      ops::softmax(scores.data(), li);
-      vs.value_sum(kvh, vstage, scores.data(), li, o);
-      if (rot) rot->inverse(o);  // o = M^T (sum p_t M v_t)
+      if (active == 0) continue;
+      // value_sum_multi reads every p over the longest len: 0 past a query's own.
+      const int64_t longest = *std::max_element(lens, lens + active);
+      for (int j = 0; j < active; ++j) std::fill(ps[j] + lens[j], ps[j] + longest, 0.f);
+      vs.value_sum_multi(kvh, vstage, ps, lens, active, outs);
+      if (rot)
+        for (int j = 0; j < active; ++j) rot->inverse(outs[j]);  // o = M^T (sum p_t M v_t)
     }
   }
 }

@@ -4,6 +4,7 @@
 // variants for the head_dims models use (others take the reference).
 #include <cstring>
 
+#include "core/error.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #if PTLLM_X86
@@ -45,6 +46,7 @@ void rot_rows_scalar(const float* q, const float* k, int64_t n, int64_t hd, cons
 using DotRowsFn = void (*)(const float*, const float*, int64_t, float, float*);
 using WeightedSumFn = void (*)(const float*, const float*, int64_t, float*);
 using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, const float*, float, float*);
+using WeightedSumMultiFn = void (*)(const float* const*, int, const float*, int64_t, float* const*);
 
 #if PTLLM_X86
 using detail::hsum8;
@@ -127,6 +129,42 @@ void weighted_sum_rows_avx512(const float* p, const float* v, int64_t len, float
     for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * c), acc[c]);
   }
   for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+// M queries' weighted sums over the same rows, hd = 16 * NC: per query the
+// single-query kernel's operations in its order (a masked FMA is the skip of
+// a p == 0 key), so the results are identical to M calls of it.
+template <int NC, int M>
+void weighted_sum_multi_avx512(const float* const* p, const float* v, int64_t len, float* const* out) {
+  constexpr int64_t hd = 16 * NC;
+  __m512 acc[M][NC];
+  for (int j = 0; j < M; ++j)
+    for (int c = 0; c < NC; ++c) acc[j][c] = _mm512_loadu_ps(out[j] + 16 * c);
+  for (int64_t t = 0; t < len; ++t) {
+    const float* vt = v + t * hd;
+    __m512 vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(vt + 16 * c);
+#pragma GCC unroll 4
+    for (int j = 0; j < M; ++j) {
+      const float pj = p[j][t];
+      const __mmask16 k = pj != 0.f ? 0xFFFF : 0;
+      const __m512 pt = _mm512_set1_ps(pj);
+#pragma GCC unroll 4
+      for (int c = 0; c < NC; ++c) acc[j][c] = _mm512_mask3_fmadd_ps(pt, vv[c], acc[j][c], k);
+    }
+  }
+  for (int j = 0; j < M; ++j)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[j] + 16 * c, acc[j][c]);
+}
+template <int NC>
+void weighted_sum_multi_avx512_m(const float* const* p, int m, const float* v, int64_t len, float* const* out) {
+  static_assert(kMultiQueries == 4, "the instantiations below");
+  switch (m) {
+    case 1: return weighted_sum_rows_avx512<NC>(p[0], v, len, out[0]);
+    case 2: return weighted_sum_multi_avx512<NC, 2>(p, v, len, out);
+    case 3: return weighted_sum_multi_avx512<NC, 3>(p, v, len, out);
+    default: return weighted_sum_multi_avx512<NC, 4>(p, v, len, out);
+  }
 }
 
 #pragma GCC pop_options
@@ -256,6 +294,16 @@ WeightedSumFn weighted_sum_avx512_for(int64_t hd) {
     default: return nullptr;
   }
 }
+// 4 queries x NC accumulators stay in registers up to head_dim 64; wider
+// heads take one query at a time.
+WeightedSumMultiFn weighted_sum_multi_avx512_for(int64_t hd) {
+  switch (hd) {
+    case 16: return weighted_sum_multi_avx512_m<1>;
+    case 32: return weighted_sum_multi_avx512_m<2>;
+    case 64: return weighted_sum_multi_avx512_m<4>;
+    default: return nullptr;
+  }
+}
 RotRowsFn rot_rows_avx512_for(int64_t half) {
   switch (half) {
     case 16: return rot_rows_avx512<1>;
@@ -278,6 +326,7 @@ DotRowsFn dot_rows_avx2_for(int64_t) { return nullptr; }
 WeightedSumFn weighted_sum_avx2_for(int64_t) { return nullptr; }
 DotRowsFn dot_rows_avx512_for(int64_t) { return nullptr; }
 WeightedSumFn weighted_sum_avx512_for(int64_t) { return nullptr; }
+WeightedSumMultiFn weighted_sum_multi_avx512_for(int64_t) { return nullptr; }
 RotRowsFn rot_rows_avx512_for(int64_t) { return nullptr; }
 RotRowsFn rot_rows_avx2_for(int64_t) { return nullptr; }
 #endif  // PTLLM_X86
@@ -294,6 +343,14 @@ void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, 
   if (const WeightedSumFn f = pick<WeightedSumFn>(nullptr, weighted_sum_avx2_for(hd), weighted_sum_avx512_for(hd)))
     return f(p, v, len, out);
   weighted_sum_rows_scalar(p, v, len, hd, out);
+}
+
+void weighted_sum_rows_multi(const float* const* p, int m, const float* v, int64_t len, int64_t hd, float* const* out) {
+  if (m > kMultiQueries) fail("weighted_sum_rows_multi: {} queries, at most {}", m, kMultiQueries);
+  if (m > 1)
+    if (const WeightedSumMultiFn f = pick<WeightedSumMultiFn>(nullptr, nullptr, weighted_sum_multi_avx512_for(hd)))
+      return f(p, m, v, len, out);
+  for (int j = 0; j < m; ++j) weighted_sum_rows(p[j], v, len, hd, out[j]);
 }
 
 void dot_rows_rotated(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,

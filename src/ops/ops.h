@@ -86,6 +86,12 @@ void matmul_swiglu_rows(const TensorView& w_gate, const TensorView& w_up, const 
 void dot_rows(const float* q, const float* k, int64_t len, int64_t hd, float scale, float* scores);
 // out[:] += sum_t p[t] * v[t, :], rows with p[t] == 0 skipped (masked keys).
 void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, float* out);
+// weighted_sum_rows(p[j], v, len, hd, out[j]) for j < m <= kMultiQueries, bit
+// for bit, over the same value rows: several queries' sums (independent FMA
+// chains, each in key order) share each row's loads. At head_dim 32 one
+// query's sum is one chain of 2 FMAs per key, bound by the FMA latency.
+constexpr int kMultiQueries = 4;
+void weighted_sum_rows_multi(const float* const* p, int m, const float* v, int64_t len, int64_t hd, float* const* out);
 // Pre-RoPE keys: scores[t] = scale * q · R(t) k[t, :], where R(t) rotates the
 // rotate-half pairs (i, i + hd/2) by kcos/ksin row t ([n, hd/2] each, starting
 // at the same slot as k). The key is never rotated in memory.
