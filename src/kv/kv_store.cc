@@ -97,6 +97,7 @@ class PlainStore : public KVStore {
   // p == 0 there and is skipped, as value_sum skips it, so each sum is value_sum's.
   void value_sum_multi(int64_t head, const float* staged, const float* const* p, const int64_t* len, int m,
                        float* const* out) const override {
+    if (m < 1 || m > ops::kMultiQueries) fail("KV store: value_sum_multi over {} queries, expected 1..{}", m, ops::kMultiQueries);
     const int64_t n = *std::max_element(len, len + m);
     for (int j = 0; j < m; ++j) std::fill(out[j], out[j] + head_dim_, 0.f);
     if constexpr (D != DType::F32) {
