@@ -25,18 +25,26 @@ struct BenchOpts {
   std::vector<int64_t> interleave;
   bool json = false, no_warmup = false;
   int threads = 0;
-  std::string weights;  // --weights
+  WeightOpts weights;  // --weights, --mmap
   DeviceOpts device;
   CacheSpec cache;
 };
 
 double peak_rss_mib() { return double(peak_rss_kib()) / 1024.0; }
+// Peak RSS, and how much memory is in huge pages (the weights read into
+// memory ask for them: io/mmap.h).
+void print_rss() {
+  const int64_t huge = anon_huge_kib();
+  if (huge >= 0) fmt::print("peak RSS {:.1f} MiB ({:.1f} MiB in huge pages now)\n", peak_rss_mib(), double(huge) / 1024.0);
+  else fmt::print("peak RSS {:.1f} MiB\n", peak_rss_mib());
+}
 
 void print_interleaved(const std::vector<InterleavedDepth>& res, const BenchOpts& o, const std::string& path) {
   const int64_t gen = o.bench.gen_tokens;
   if (o.json) {
     nlohmann::json j = {{"model", path}, {"threads", ops::num_threads()}, {"kv_cache", o.cache.to_json()},
-                        {"peak_rss_mib", peak_rss_mib()}};
+                        {"peak_rss_mib", peak_rss_mib()},
+                        {"huge_pages_mib", double(anon_huge_kib()) / 1024.0}};
     for (const auto& d : res) {
       const MeanSd st = mean_sd(d.tps);
       j["interleaved"].push_back({{"depth", d.depth}, {"tokens", gen}, {"tps_mean", st.mean}, {"tps_sd", st.sd},
@@ -58,7 +66,7 @@ void print_interleaved(const std::vector<InterleavedDepth>& res, const BenchOpts
   if (res.size() >= 2)
     fmt::print("time per token at d{} / at d{}: {:.3f}\n", res.back().depth, res.front().depth,
                mean_sd(res.front().tps).mean / mean_sd(res.back().tps).mean);
-  fmt::print("peak RSS {:.1f} MiB\n", peak_rss_mib());
+  print_rss();
 }
 
 void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, const std::string& path) {
@@ -70,7 +78,8 @@ void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, co
                       {"repeat", b.repeat},
                       {"weight_bytes", model.weight_bytes()},
                       {"kv_cache", o.cache.to_json()},
-                      {"peak_rss_mib", peak_rss_mib()}};
+                      {"peak_rss_mib", peak_rss_mib()},
+                      {"huge_pages_mib", double(anon_huge_kib()) / 1024.0}};
   if (b.prompt_tokens > 0)
     j["prefill"] = {{"tokens", b.prompt_tokens}, {"tps_mean", pp.mean}, {"tps_sd", pp.sd}, {"tps", r.prefill_tps},
                     {"tokens_per_cpu_second_mean", mean_sd(r.prefill_cpu_tps).mean}};
@@ -134,7 +143,7 @@ void print_table(const BenchResult& r, const BenchOpts& o, const Model& model, c
                double(r.step_weight_bytes) / 1e6, double(r.cache_bytes) / 1e6,
                double(r.step_weight_bytes + r.cache_bytes) * tg.mean / 1e9);
   }
-  fmt::print("peak RSS {:.1f} MiB\n", peak_rss_mib());
+  print_rss();
   if (r.capacity > model.config().max_position)
     fmt::print("note: {} stored tokens exceeds the model's context of {} (speed only; outputs are not meaningful)\n",
                r.capacity, model.config().max_position);

@@ -64,7 +64,7 @@ struct CompareOpts {
   bool json = false, csv = false, quiet = false;
   eval::SweepFlags sweep;
   int threads = 0;
-  std::string weights;  // --weights
+  WeightOpts weights;  // --weights, --mmap
 };
 
 eval::Table match_table(const std::vector<std::string>& prompts, const std::vector<std::string>& labels,

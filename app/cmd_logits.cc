@@ -12,7 +12,8 @@ namespace ptllm::cli {
 
 void add_logits_command(CLI::App& root) {
   struct Opts {
-    std::string model, ids, out, weights;
+    std::string model, ids, out;
+    WeightOpts weights;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();

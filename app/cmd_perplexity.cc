@@ -80,7 +80,7 @@ struct PplOpts {
   bool llama_cpp = false, kl = false;
   eval::SweepFlags sweep;
   int threads = 0;
-  std::string weights;  // --weights
+  WeightOpts weights;  // --weights, --mmap
   DeviceOpts device;
 };
 

@@ -30,7 +30,7 @@ struct SampleOpts {
   int64_t seed = -1;
   bool json = false, ignore_eos = false, no_bos = false;
   int threads = 0;
-  std::string weights;  // --weights
+  WeightOpts weights;  // --weights, --mmap
   DeviceOpts device;
   int64_t report_every = 0;
   CacheSpec cache;

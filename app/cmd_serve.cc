@@ -61,7 +61,7 @@ struct ServeOpts {
   std::string model, kv_budget = "256MiB", chat_template, max_body = "4MiB";
   int64_t max_sequences = 16, max_queue = 64, prefill_chunk = 64;
   int threads = 0, http_threads = 0;
-  std::string weights;  // --weights
+  WeightOpts weights;  // --weights, --mmap
   DeviceOpts device;
   serve::ServerOptions server;
   CacheSpec cache;

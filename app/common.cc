@@ -32,16 +32,20 @@ void add_threads_flag(CLI::App* cmd, int& threads) {
 
 void apply_threads(int threads) { ops::set_num_threads(threads); }
 
-void add_weights_flag(CLI::App* cmd, std::string& weights) {
-  cmd->add_option("--weights", weights,
+void add_weights_flag(CLI::App* cmd, WeightOpts& weights) {
+  cmd->add_flag("--mmap", weights.mmap,
+                "Map the model's files (pages shared with other processes through the page cache) instead of "
+                "reading them into memory with huge pages (the default: faster decode, docs/BENCHMARKS.md)");
+  cmd->add_option("--weights", weights.type,
                   "Quantise the weight matrices on load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (or f16, "
                   "bf16, f32); as `convert --type` stores them (default: as in the file)");
 }
 
-LoadedModel load_model_opts(const std::string& path, const std::string& weights) {
+LoadedModel load_model_opts(const std::string& path, const WeightOpts& weights) {
   LoadOptions opt;
   // Parsed before the (slow) load so a bad value fails at once.
-  if (!weights.empty()) opt.weights = parse_gguf_type(weights, "--weights");
+  if (!weights.type.empty()) opt.weights = parse_gguf_type(weights.type, "--weights");
+  opt.file_load = weights.mmap ? FileLoad::Map : FileLoad::Read;
   return load_model(path, opt);
 }
 

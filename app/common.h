@@ -19,10 +19,15 @@ void add_threads_flag(CLI::App* cmd, int& threads);
 void apply_threads(int threads);
 
 // --weights TYPE: the model's matrices quantised (re-encoded) on load, as
-// `convert --type TYPE` would store them; "" = as stored. load_model_opts()
-// is how every command that takes --weights loads its model.
-void add_weights_flag(CLI::App* cmd, std::string& weights);
-LoadedModel load_model_opts(const std::string& path, const std::string& weights);
+// `convert --type TYPE` would store them; "" = as stored. --mmap: map the
+// model's files instead of reading them into memory (LoadOptions::file_load).
+// load_model_opts() is how every command that takes them loads its model.
+struct WeightOpts {
+  std::string type;
+  bool mmap = false;
+};
+void add_weights_flag(CLI::App* cmd, WeightOpts& weights);
+LoadedModel load_model_opts(const std::string& path, const WeightOpts& weights);
 
 // --device cpu|cuda and --device-weights auto|f32|bf16|f16 (src/cuda/backend.h).
 struct DeviceOpts {

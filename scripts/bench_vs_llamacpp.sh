@@ -16,10 +16,14 @@
 # and its figure is the best of them per round: on a 2-vCPU VM its thread pool
 # decodes a small model slower with 2 threads than with 1 (flagship-27m Q8_0:
 # ~70 vs ~350 tokens/s), so the anchor gets its best setting, ours runs at THREADS.
+# Likewise at each of LLAMA_MMAP (default "1 0": mapped, and read into memory
+# as llama.cpp's --no-mmap): ours reads the file into memory with huge pages
+# by default (io/mmap.h), so llama.cpp is timed both ways and keeps its best.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-512} N=${N:-128} R=${R:-3} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-2}
 LLAMA_THREADS=${LLAMA_THREADS:-$( [ "$THREADS" -gt 1 ] && echo "1 $THREADS" || echo 1 )}
+LLAMA_MMAP=${LLAMA_MMAP:-1 0}
 BUILD=${BUILD_DIR:-build}
 BIN="$BUILD/app/posttrainllm"
 [ $# -ge 1 ] || { echo "usage: scripts/bench_vs_llamacpp.sh FILE.gguf|OURS:LLAMA.gguf ..." >&2; exit 2; }
@@ -30,19 +34,21 @@ done
 # With JSON=FILE the raw runs go to FILE as they finish (kept if the run is cut short).
 if [ -n "${JSON:-}" ]; then raw=$JSON; : >"$raw"; else raw=$(mktemp); trap 'rm -f "$raw"' EXIT; fi
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
-     "P=$P N=$N R=$R ROUNDS=$ROUNDS THREADS=$THREADS LLAMA_THREADS=\"$LLAMA_THREADS\"" >&2
+     "P=$P N=$N R=$R ROUNDS=$ROUNDS THREADS=$THREADS LLAMA_THREADS=\"$LLAMA_THREADS\" LLAMA_MMAP=\"$LLAMA_MMAP\"" >&2
 ours() { "$BIN" bench "$1" -p "$P" -n "$N" -r "$R" --threads "$THREADS" --json 2>/dev/null | python3 -c "
 import json, sys; j = json.load(sys.stdin)
 print(json.dumps({'engine': 'ours', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'simd': j['simd'],
   'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean'),
   'bytes_per_token': j.get('decode', {}).get('weight_bytes_per_token')}))" "$2" "$3"; }
 theirs() {
-  local t
+  local t m
   for t in $LLAMA_THREADS; do
-    node scripts/llamacpp_bench.mjs "$1" -p "$P" -n "$N" -r "$R" --threads "$t" | python3 -c "
+    for m in $LLAMA_MMAP; do
+      node scripts/llamacpp_bench.mjs "$1" -p "$P" -n "$N" -r "$R" --threads "$t" --mmap "$m" | python3 -c "
 import json, sys; j = json.load(sys.stdin)
 print(json.dumps({'engine': 'llama.cpp', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'threads': int(sys.argv[3]),
-  'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean')}))" "$2" "$3" "$t"
+  'mmap': int(sys.argv[4]), 'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean')}))" "$2" "$3" "$t" "$m"
+    done
   done
 }
 for round in $(seq 1 "$ROUNDS"); do
@@ -61,19 +67,20 @@ import json, os, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 P, N, specs = sys.argv[2], sys.argv[3], sys.argv[4:]
 med = lambda xs: statistics.median(xs) if xs else float('nan')
-print(f"| file (ours : llama.cpp) | pp{P} ours | pp{P} llama.cpp (threads) | ratio | tg{N} ours | tg{N} llama.cpp (threads) | ratio | ours GB/s |")
+print(f"| file (ours : llama.cpp) | pp{P} ours | pp{P} llama.cpp (threads, mmap) | ratio | tg{N} ours | tg{N} llama.cpp (threads, mmap) | ratio | ours GB/s |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for s in specs:
     def get(e, k):
         vals = {}
         for r in runs:
             if r['key'] == s and r['engine'] == e and r.get(k) is not None:
-                vals[r['round']] = max(vals.get(r['round'], 0), r[k])  # llama.cpp: best thread count
+                vals[r['round']] = max(vals.get(r['round'], 0), r[k])  # llama.cpp: best setting
         return list(vals.values())
-    best_t = lambda k: statistics.mode([max((r for r in runs if r['key'] == s and r['engine'] == 'llama.cpp' and r['round'] == rd and r.get(k)), key=lambda r: r[k])['threads']
-                                        for rd in {r['round'] for r in runs if r['key'] == s}] or [0])
+    best = lambda k: statistics.mode([(lambda r: f"{r['threads']}, {'mmap' if r.get('mmap', 1) else 'read'}")(
+                                          max((r for r in runs if r['key'] == s and r['engine'] == 'llama.cpp' and r['round'] == rd and r.get(k)), key=lambda r: r[k]))
+                                      for rd in {r['round'] for r in runs if r['key'] == s}] or ['-'])
     op, lp, od, ld = med(get('ours', 'prefill')), med(get('llama.cpp', 'prefill')), med(get('ours', 'decode')), med(get('llama.cpp', 'decode'))
     b = med(get('ours', 'bytes_per_token'))
     name = ' : '.join(os.path.basename(x) for x in s.split(':', 1))
-    print(f"| {name} | {op:.1f} | {lp:.1f} ({best_t('prefill')}) | {op / lp:.2f} | {od:.1f} | {ld:.1f} ({best_t('decode')}) | {od / ld:.2f} | {b * od / 1e9:.1f} |")
+    print(f"| {name} | {op:.1f} | {lp:.1f} ({best('prefill')}) | {op / lp:.2f} | {od:.1f} | {ld:.1f} ({best('decode')}) | {od / ld:.2f} | {b * od / 1e9:.1f} |")
 EOF

@@ -9,18 +9,19 @@
 // One untimed warm-up of each first (faults the weights in, sizes buffers),
 // then --repeat timed runs. Prints one JSON line with every run's tokens/s.
 //
-//   node scripts/llamacpp_bench.mjs FILE.gguf [-p 512] [-n 128] [-r 5] [--threads 2]
+//   node scripts/llamacpp_bench.mjs FILE.gguf [-p 512] [-n 128] [-r 5] [--threads 2] [--mmap 1]
+// --mmap 0 loads the file into memory (llama.cpp's --no-mmap) instead of mapping it.
 import fs from "node:fs";
 import path from "node:path";
 import { importNodeLlamaCpp } from "./lib/node_llama.mjs";
 
 function usage(msg) {
   if (msg) console.error(`llamacpp_bench: ${msg}`);
-  console.error("usage: llamacpp_bench.mjs FILE.gguf [-p P] [-n N] [-r R] [--threads T]");
+  console.error("usage: llamacpp_bench.mjs FILE.gguf [-p P] [-n N] [-r R] [--threads T] [--mmap 0|1]");
   process.exit(2);
 }
-const names = { "-p": "p", "-n": "n", "-r": "r", "--threads": "threads" };
-const opt = { p: 512, n: 128, r: 5, threads: 2 };
+const names = { "-p": "p", "-n": "n", "-r": "r", "--threads": "threads", "--mmap": "mmap" };
+const opt = { p: 512, n: 128, r: 5, threads: 2, mmap: 1 };
 let file = null;
 const args = process.argv.slice(2);
 for (let i = 0; i < args.length; ++i) {
@@ -29,7 +30,8 @@ for (let i = 0; i < args.length; ++i) {
     if (!(a in names)) usage(`unknown flag ${a}`);
     if (i + 1 >= args.length) usage(`${a} needs a value`);
     const v = Number(args[++i]);
-    if (!Number.isInteger(v) || v < 0 || (a !== "-p" && a !== "-n" && v < 1)) usage(`${a} ${args[i]}: expected a ${a === "-p" || a === "-n" ? "non-negative" : "positive"} integer`);
+    if (a === "--mmap" && v !== 0 && v !== 1) usage(`--mmap ${args[i]}: expected 0 or 1`);
+    if (!Number.isInteger(v) || v < 0 || (a !== "-p" && a !== "-n" && a !== "--mmap" && v < 1)) usage(`${a} ${args[i]}: expected a ${a === "-p" || a === "-n" ? "non-negative" : "positive"} integer`);
     opt[names[a]] = v;
   } else if (file === null) file = a;
   else usage(`unexpected argument ${a}`);
@@ -44,7 +46,7 @@ const sd = (a) => { const m = mean(a); return a.length > 1 ? Math.sqrt(a.reduce(
 
 try {
   const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error });
-  const model = await llama.loadModel({ modelPath: file });
+  const model = await llama.loadModel({ modelPath: file, useMmap: opt.mmap === 1 });
   const ctxSize = Math.max(256, opt.p, opt.n) + 16;
   const context = await model.createContext({ contextSize: ctxSize, sequences: 1, threads: opt.threads, batchSize: 512 });
   // Ordinary (non-special) ids spread over the vocabulary; speed does not depend on which.
@@ -65,7 +67,7 @@ try {
     for (const id of gen) await seq.evaluateWithoutGeneratingNewTokens([id]);
     return opt.n / ((performance.now() - t0) / 1000);
   };
-  const out = { engine: "llama.cpp (node-llama-cpp 3.21.1)", file: path.basename(file), threads: opt.threads, repeat: opt.r };
+  const out = { engine: "llama.cpp (node-llama-cpp 3.21.1)", file: path.basename(file), threads: opt.threads, mmap: opt.mmap, repeat: opt.r };
   if (opt.p > 0) {
     await timePrefill();
     const tps = [];

@@ -4,7 +4,8 @@
 # --kv-quantize mode. For each mode it checks, from sample's per-token
 # `--report-every 1` lines on stderr:
 #   * the stored count is <= 256 in every layer at every step;
-#   * the anonymous RSS (RssAnon: the cache, buffers, heap) after TOKENS tokens
+#   * the anonymous RSS (RssAnon: the cache, buffers, heap; the weights are
+#     --mmap'ed so that they are not in it) after TOKENS tokens
 #     is within 5% of that after 1,000;
 #   * peak RSS (VmHWM) is reported the same way. It also counts file-backed
 #     pages of the mmapped weights, and the embedding table is paged in row by
@@ -36,7 +37,7 @@ fail=0
 printf '%-5s %7s %6s %9s %11s %11s %7s %11s %11s %7s %10s %7s\n' mode tokens stored kv_bytes hwm@1k_KiB hwm@end_KiB growth anon@1k_KiB anon@end_KiB growth text_bytes tok/s
 for mode in "${MODES[@]}"; do
   out="$OUT_DIR/$mode.out" err="$OUT_DIR/$mode.err"
-  [ "$ANALYZE_ONLY" = 1 ] || "$BIN" sample "$MODEL" --prompt "Once upon a time" --tokens "$TOKENS" --ignore-eos --temperature 0.8 --seed 1 \
+  [ "$ANALYZE_ONLY" = 1 ] || "$BIN" sample "$MODEL" --mmap --prompt "Once upon a time" --tokens "$TOKENS" --ignore-eos --temperature 0.8 --seed 1 \
     --threads "$THREADS" --kv-quantize "$mode" --streaming-llm-sink "$SINK" --streaming-llm-window "$WINDOW" \
     --report-every 1 >"$out" 2>"$err" || { echo "$mode: sample failed (see $err)"; fail=1; continue; }
   # [kv] generated G · position P · stored ... (max S) · kv B bytes · peak RSS R KiB

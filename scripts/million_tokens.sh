@@ -6,7 +6,8 @@
 #     checks every forward's logits and stops with "non-finite logits at
 #     position N" on a NaN/Inf (src/engine/session.cc), so a completed run
 #     saw finite logits at every one of the TOKENS steps;
-#   * memory is flat: anonymous RSS (RssAnon: cache, buffers, heap), sampled
+#   * memory is flat: anonymous RSS (RssAnon: cache, buffers, heap; weights
+#     --mmap'ed, outside it), sampled
 #     by `--report-every REPORT` inside the process, may grow after the first
 #     sample only by the generated-id list `sample` keeps for its report
 #     (int32 per token, in a doubling vector: <= 8 bytes/token) plus SLACK_KIB;
@@ -36,7 +37,7 @@ PARALLEL=${PARALLEL:-1}
 run_one() {  # run index: writes run$1.json / .err / .vmrss / .secs
   local out=$OUT_DIR/run$1.json err=$OUT_DIR/run$1.err rss=$OUT_DIR/run$1.vmrss start pid v rc=0
   start=$(date +%s)
-  "$BIN" sample "$MODEL" --prompt "Once upon a time" --tokens "$TOKENS" --ignore-eos --temperature 0.8 --seed "$SEED" \
+  "$BIN" sample "$MODEL" --mmap --prompt "Once upon a time" --tokens "$TOKENS" --ignore-eos --temperature 0.8 --seed "$SEED" \
     --threads "$THREADS" --kv-quantize "$KV" --streaming-llm-sink 4 --streaming-llm-window 252 \
     --report-every "$REPORT" --json >"$out" 2>"$err" &
   pid=$!

@@ -15,9 +15,10 @@
 
 namespace ptllm {
 namespace {
-// A "Name: N kB" field of /proc/self/status in KiB, or -1 where unavailable.
-int64_t proc_status_kib(const char* field) {
-  FILE* f = std::fopen("/proc/self/status", "r");
+// A "Name: N kB" field of /proc/self/status (or another such file) in KiB,
+// or -1 where unavailable.
+int64_t proc_status_kib(const char* field, const char* file = "/proc/self/status") {
+  FILE* f = std::fopen(file, "r");
   if (!f) return -1;
   char line[256];
   int64_t kib = -1;
@@ -48,6 +49,8 @@ int64_t peak_rss_kib() {
   const int64_t kib = proc_status_kib("VmHWM");
   return kib >= 0 ? kib : rusage_peak_kib();
 }
+int64_t anon_huge_kib() { return proc_status_kib("AnonHugePages", "/proc/self/smaps_rollup"); }
+
 int64_t anon_rss_kib() {
 #if defined(__APPLE__)
   // No RssAnon on macOS: the physical footprint (anonymous + compressed

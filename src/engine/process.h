@@ -13,6 +13,10 @@ int64_t peak_rss_kib();
 // Current anonymous RSS (RssAnon: the cache, buffers; on macOS the task's
 // physical footprint), KiB; -1 where unavailable.
 int64_t anon_rss_kib();
+// Anonymous memory in transparent huge pages (AnonHugePages of
+// /proc/self/smaps_rollup), KiB; -1 where unavailable. Shows whether the
+// weights read into memory (FileLoad::Read) got the huge pages they asked for.
+int64_t anon_huge_kib();
 // CPU seconds used by the whole process (all threads).
 double process_cpu_seconds();
 // Absolute path of the running executable (/proc/self/exe on Linux,

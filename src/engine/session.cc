@@ -33,16 +33,16 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   if (!file_exists(path) && !is_directory(path)) fail("{}: no such file or folder", path);
   LoadedModel lm;
   if (is_directory(path)) {
-    lm.model = Model::load_hf(path);
+    lm.model = Model::load_hf(path, opt.file_load);
     const std::string tok = path + "/tokenizer.json";
     if (file_exists(tok)) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_file(tok));
   } else if (path.size() > 8 && path.ends_with(".tinygpt")) {
     std::string tok_json;
-    lm.model = Model::load_tinygpt(path, &tok_json);
+    lm.model = Model::load_tinygpt(path, &tok_json, opt.file_load);
     if (!tok_json.empty()) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_json(tok_json));
   } else if (path.size() > 5 && path.ends_with(".gguf")) {
     std::shared_ptr<const GgufFile> gguf;
-    lm.model = load_gguf_model(path, &gguf);
+    lm.model = load_gguf_model(path, &gguf, opt.file_load);
     lm.add_bos = gguf->find_bool("tokenizer.ggml.add_bos_token").value_or(true);
     if (gguf->has("tokenizer.ggml.model")) lm.tokenizer = std::make_shared<Tokenizer>(tokenizer_from_gguf(*gguf));
   } else {

@@ -27,6 +27,10 @@ struct LoadOptions {
   // `--weights`: every 2-D weight re-encoded as this type on load
   // (Model::with_weight_type); nullopt = as stored in the file.
   std::optional<DType> weights;
+  // How the model's files come into memory (io/mmap.h): read into memory
+  // with huge pages (the default: decode streams every weight once per
+  // token) or `--mmap`ped (shared with other processes through the page cache).
+  FileLoad file_load = FileLoad::Read;
 };
 LoadedModel load_model(const std::string& path, const LoadOptions& opt = {});
 // The bundled default model (models/flagship-27m.tinygpt in the repo the executable was built in, or $PTLLM_MODEL).

@@ -208,7 +208,7 @@ std::string ggml_type_name(uint32_t t) {
   }
 }
 
-GgufFile::GgufFile(const std::string& path) : file_(path) { parse(); }
+GgufFile::GgufFile(const std::string& path, FileLoad how) : file_(path, how) { parse(); }
 
 void GgufFile::parse() {
   const std::string& p = file_.path();

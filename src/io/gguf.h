@@ -61,7 +61,7 @@ struct GgufValue {
 
 class GgufFile {
  public:
-  explicit GgufFile(const std::string& path);  // throws Error naming path
+  explicit GgufFile(const std::string& path, FileLoad how = FileLoad::Map);  // throws Error naming path
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -14,7 +16,7 @@
 
 namespace ptllm {
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+MappedFile::MappedFile(const std::string& path, FileLoad how) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open ({})", path, std::strerror(errno));
   struct stat st{};
@@ -23,48 +25,91 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     fail("{}: not a regular file", path);
   }
   size_ = size_t(st.st_size);
-  if (size_ > 0) {
-    // MAP_POPULATE faults every page in now: weights are all read on the first
-    // token anyway, and a process whose resident size is fixed after loading
-    // is what a memory-bounded run needs to see (no RSS creep as new
-    // embedding rows are touched thousands of tokens in).
-#if defined(MAP_POPULATE)
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-#else
-    // No MAP_POPULATE (macOS): map, then read one byte of every page, which
-    // faults them in as MAP_POPULATE would (after a read-ahead hint).
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p != MAP_FAILED) {
-      ::madvise(p, size_, MADV_WILLNEED);
-      const long page = ::sysconf(_SC_PAGESIZE) > 0 ? ::sysconf(_SC_PAGESIZE) : 4096;
-      unsigned sum = 0;
-      for (size_t off = 0; off < size_; off += size_t(page)) sum += static_cast<const volatile unsigned char*>(p)[off];
-      (void)sum;
+  try {
+    if (size_ > 0) {
+      if (how == FileLoad::Read) read(fd);
+      else map(fd);
     }
-#endif
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      fail("{}: mmap failed ({})", path, std::strerror(errno));
-    }
-    data_ = static_cast<const std::byte*>(p);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   ::close(fd);
 }
 
+void MappedFile::map(int fd) {
+  // MAP_POPULATE faults every page in now: weights are all read on the first
+  // token anyway, and a process whose resident size is fixed after loading
+  // is what a memory-bounded run needs to see (no RSS creep as new
+  // embedding rows are touched thousands of tokens in).
+#if defined(MAP_POPULATE)
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+#else
+  // No MAP_POPULATE (macOS): map, then read one byte of every page, which
+  // faults them in as MAP_POPULATE would (after a read-ahead hint).
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p != MAP_FAILED) {
+    ::madvise(p, size_, MADV_WILLNEED);
+    const long page = ::sysconf(_SC_PAGESIZE) > 0 ? ::sysconf(_SC_PAGESIZE) : 4096;
+    unsigned sum = 0;
+    for (size_t off = 0; off < size_; off += size_t(page)) sum += static_cast<const volatile unsigned char*>(p)[off];
+    (void)sum;
+  }
+#endif
+  if (p == MAP_FAILED) fail("{}: mmap failed ({})", path_, std::strerror(errno));
+  data_ = static_cast<const std::byte*>(p);
+  mapped_ = size_;
+}
+
+void MappedFile::read(int fd) {
+  // 2 MiB: x86-64's transparent huge page. The start is aligned to it (the
+  // over-allocation's ends are unmapped again) so every whole 2 MiB of the
+  // file can sit in one huge page.
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t len = (size_ + kHuge - 1) / kHuge * kHuge;
+  void* raw = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) fail("{}: cannot allocate {} bytes to read it into ({})", path_, len, std::strerror(errno));
+  auto* base = static_cast<std::byte*>(raw);
+  const size_t lead = (kHuge - reinterpret_cast<uintptr_t>(base) % kHuge) % kHuge;
+  if (lead) ::munmap(base, lead);
+  if (kHuge - lead) ::munmap(base + lead + len, kHuge - lead);
+  std::byte* p = base + lead;
+#if defined(MADV_HUGEPAGE)
+  ::madvise(p, len, MADV_HUGEPAGE);  // a hint: without THP the read still works
+#endif
+  size_t done = 0;
+  while (done < size_) {
+    const ssize_t r = ::pread(fd, p + done, std::min<size_t>(size_ - done, size_t(1) << 30), off_t(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const std::string why = r < 0 ? std::strerror(errno) : "the file ended early";
+      ::munmap(p, len);
+      fail("{}: read failed at byte {} of {} ({})", path_, done, size_, why);
+    }
+    done += size_t(r);
+  }
+  // Read-only from here on, as a mapping of the file would be.
+  ::mprotect(p, len, PROT_READ);
+  data_ = p;
+  mapped_ = len;
+}
+
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (data_) ::munmap(const_cast<std::byte*>(data_), mapped_);
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    if (data_) ::munmap(const_cast<std::byte*>(data_), mapped_);
     path_ = std::move(o.path_);
     data_ = o.data_;
     size_ = o.size_;
+    mapped_ = o.mapped_;
     o.data_ = nullptr;
     o.size_ = 0;
+    o.mapped_ = 0;
   }
   return *this;
 }

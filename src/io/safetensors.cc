@@ -30,8 +30,8 @@ std::string safetensors_dtype_name(DType t) {
   fail("safetensors cannot store dtype {}", dtype_name(t));
 }
 
-void TensorStore::add_file(const std::string& path) {
-  auto file = std::make_unique<MappedFile>(path);
+void TensorStore::add_file(const std::string& path, FileLoad how) {
+  auto file = std::make_unique<MappedFile>(path, how);
   const size_t size = file->size();
   if (size < 8) fail("{}: truncated safetensors file ({} bytes, expected at least 8)", path, size);
   uint64_t header_len = 0;
@@ -140,7 +140,7 @@ void TensorStore::replace_view(const std::string& name, TensorView view, std::sh
   view_source_[name] = source;
 }
 
-TensorStore TensorStore::open_hf_dir(const std::string& dir) {
+TensorStore TensorStore::open_hf_dir(const std::string& dir, FileLoad how) {
   TensorStore store;
   const std::string index = dir + "/model.safetensors.index.json";
   const std::string single = dir + "/model.safetensors";
@@ -161,11 +161,11 @@ TensorStore TensorStore::open_hf_dir(const std::string& dir) {
         fail("{}: shard name {} must be a plain file name", index, f);
       if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
     }
-    for (auto& s : shards) store.add_file(dir + "/" + s);
+    for (auto& s : shards) store.add_file(dir + "/" + s, how);
     for (auto& [name, file] : j["weight_map"].items())
       if (!store.has(name)) fail("{}: tensor {} listed in the index is missing from {}", index, name, file.get<std::string>());
   } else if (file_exists(single)) {
-    store.add_file(single);
+    store.add_file(single, how);
   } else {
     fail("{}: no model.safetensors or model.safetensors.index.json", dir);
   }

@@ -16,9 +16,9 @@ namespace ptllm {
 class TensorStore {
  public:
   // Adds every tensor of one safetensors file. Throws Error on any malformed header.
-  void add_file(const std::string& path);
+  void add_file(const std::string& path, FileLoad how = FileLoad::Map);
   // Loads dir/model.safetensors.index.json (all shards it names) or dir/model.safetensors.
-  static TensorStore open_hf_dir(const std::string& dir);
+  static TensorStore open_hf_dir(const std::string& dir, FileLoad how = FileLoad::Map);
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   const TensorView& get(const std::string& name) const;  // throws "missing tensor NAME"

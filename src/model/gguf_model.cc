@@ -166,8 +166,9 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
       }
 }
 
-std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file_out) {
-  auto file = std::make_shared<const GgufFile>(path);
+std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file_out,
+                                       FileLoad how) {
+  auto file = std::make_shared<const GgufFile>(path, how);
   const GgufFile& f = *file;
   ModelConfig c = gguf_model_config(f);
   TensorStore store;

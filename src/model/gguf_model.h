@@ -32,7 +32,9 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
                      bool to_gguf);
 
 // A .gguf model. *file (when given) receives the parsed file, for the
-// tokenizer (tokenizer.ggml.*); the Model keeps it mapped either way.
-std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file = nullptr);
+// tokenizer (tokenizer.ggml.*); the Model keeps it in memory either way.
+// `how`: map the file or read it into memory (io/mmap.h).
+std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file = nullptr,
+                                       FileLoad how = FileLoad::Map);
 
 }  // namespace ptllm

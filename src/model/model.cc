@@ -11,9 +11,9 @@
 
 namespace ptllm {
 
-std::unique_ptr<Model> Model::load_hf(const std::string& dir) {
+std::unique_ptr<Model> Model::load_hf(const std::string& dir, FileLoad how) {
   ModelConfig cfg = load_hf_config(dir);
-  TensorStore store = TensorStore::open_hf_dir(dir);
+  TensorStore store = TensorStore::open_hf_dir(dir, how);
   return std::make_unique<Model>(std::move(cfg), std::move(store), dir);
 }
 

@@ -27,10 +27,12 @@ struct LayerWeights {
 class Model {
  public:
   // Loads a Hugging Face folder (config.json + safetensors). Throws Error.
-  static std::unique_ptr<Model> load_hf(const std::string& dir);
+  // `how`: map the weight files or read them into memory (io/mmap.h).
+  static std::unique_ptr<Model> load_hf(const std::string& dir, FileLoad how = FileLoad::Map);
   // Loads a .tinygpt file (model/tinygpt.cc); the embedded tokenizer.json, if
   // any, is returned through tokenizer_json.
-  static std::unique_ptr<Model> load_tinygpt(const std::string& path, std::string* tokenizer_json);
+  static std::unique_ptr<Model> load_tinygpt(const std::string& path, std::string* tokenizer_json,
+                                             FileLoad how = FileLoad::Map);
   // `--weights`: the same model with every 2-D weight re-encoded as `type` (a
   // block type, F16, BF16 or F32), row by row as `convert --type` encodes it
   // (matrix_storage_type: F16 where a row is not whole blocks), so the logits

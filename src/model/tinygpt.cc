@@ -70,9 +70,9 @@ ModelConfig parse_tinygpt_config(const std::string& text, const std::string& whe
   return c;
 }
 
-std::unique_ptr<Model> Model::load_tinygpt(const std::string& path, std::string* tokenizer_json) {
+std::unique_ptr<Model> Model::load_tinygpt(const std::string& path, std::string* tokenizer_json, FileLoad how) {
   TensorStore store;
-  store.add_file(path);
+  store.add_file(path, how);
   const auto& meta = store.metadata();
   auto get = [&](const char* key) -> const std::string& {
     auto it = meta.find(key);

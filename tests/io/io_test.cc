@@ -150,5 +150,38 @@ TEST(ModelLoad, Bf16StaysMapped) {
   EXPECT_LE(m->weight_bytes(), m->tensors().mapped_bytes());
 }
 
+// FileLoad::Read gives the file's bytes as Map does, for sizes either side of
+// a 2 MiB huge page (the read buffer is rounded up to it) and for an empty file.
+TEST(MappedFile, ReadEqualsMap) {
+  for (size_t n : {size_t(0), size_t(1), size_t(4095), (size_t(2) << 20) - 3, (size_t(2) << 20) + 17}) {
+    const std::string p = tmpdir() + "/bytes" + std::to_string(n);
+    std::string bytes(n, '\0');
+    for (size_t i = 0; i < n; ++i) bytes[i] = char((i * 131 + 7) % 251);
+    { std::ofstream f(p, std::ios::binary); f << bytes; }
+    MappedFile mapped(p, FileLoad::Map), read(p, FileLoad::Read);
+    ASSERT_EQ(read.size(), n);
+    ASSERT_EQ(mapped.size(), n);
+    if (n) {
+      EXPECT_EQ(std::memcmp(read.data(), bytes.data(), n), 0) << n;
+      EXPECT_EQ(std::memcmp(mapped.data(), bytes.data(), n), 0) << n;
+      EXPECT_NE(read.data(), mapped.data());
+    }
+    MappedFile moved = std::move(read);  // the buffer moves with it, and is unmapped once
+    if (n) EXPECT_EQ(std::memcmp(moved.data(), bytes.data(), n), 0);
+  }
+  EXPECT_NE(error_of([&] { MappedFile(tmpdir() + "/absent", FileLoad::Read); }).find("cannot open"), std::string::npos);
+}
+
+// A model read into memory holds the same weights as the mapped one.
+TEST(ModelLoad, ReadAndMapGiveTheSameWeights) {
+  auto a = Model::load_hf(test::repo_dir() + "/models/flagship-27m", FileLoad::Map);
+  auto b = Model::load_hf(test::repo_dir() + "/models/flagship-27m", FileLoad::Read);
+  const TensorView& ta = a->tensors().get("model.layers.3.mlp.down_proj.weight");
+  const TensorView& tb = b->tensors().get("model.layers.3.mlp.down_proj.weight");
+  ASSERT_EQ(ta.shape, tb.shape);
+  EXPECT_NE(ta.data, tb.data);
+  EXPECT_EQ(std::memcmp(ta.data, tb.data, ta.nbytes()), 0);
+}
+
 }  // namespace
 }  // namespace ptllm
