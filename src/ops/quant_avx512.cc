@@ -21,7 +21,9 @@ inline __m256i dot_u8s8_w(__m256i acc, __m256i u, __m256i s, __m256i w16) {
 
 #include "ops/quant_simd.inc"
 
-// ---------- Q8_0 / Q4_0 register tiles on 512-bit vectors ----------
+// ---------- Q8_0: register tiles of 4 rows x 4 tokens on 512-bit vectors ----------
+// (Q4_0 had this tile until session 12; it now takes the 16-rows-in-lanes
+// tile below, and the Q4_0 paths here are kept for that comparison.)
 // A vector holds two 32-element blocks: lanes 0-7 the dpbusd lane sums of
 // the even block i, lanes 8-15 those of the odd block i + 1. A (row, token)
 // pair keeps one fp32 accumulator vector, so its low half is the 256-bit
@@ -65,8 +67,8 @@ inline __m512 pair_scales_f16(const void* blocks, bool one) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, h)));
 }
 
-// TileActs: one row of A32 blocks -> TilePairs.
-void tile_acts512(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
+// TileActs for Q8_0: one row of A32 blocks -> TilePairs.
+void tile_acts512_pair(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
   const auto* x = reinterpret_cast<const A32*>(a32);
   auto* o = reinterpret_cast<TilePair*>(dst);
   for (int64_t i = 0; i < nb; i += 2, ++o) {
@@ -174,6 +176,170 @@ void tile512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t 
     case 3: return tile512_nr<D, 3>(w, ws, xt, xs, nb, nt, out);
     default: return tile512_nr<D, 4>(w, ws, xt, xs, nb, nt, out);
   }
+}
+
+// ---------- Q8_0 / Q4_0: 16 rows in the 16 lanes ----------
+// A 32-bit lane is one weight row: W_k (k = 0..7) holds 4 consecutive codes
+// (elements 4k..4k+3 of a block) of each of 16 rows, and the token's same 4
+// codes are broadcast to every lane (dpbusd's embedded {1to16} operand). So
+// 8 dpbusd give each row's exact integer block sum in its own lane, and the
+// block's scales are one vector (16 rows' d) times one broadcast (the
+// token's): per (16 rows, token, block) 8 dpbusd + convert, multiply, FMA,
+// and no horizontal sum at the end. The rows are transposed into the lanes
+// once per block and shared by up to kMaxNT tokens (4 x 128-bit loads of 4
+// rows each, an 8-shuffle 4 x 4 dword transpose).
+//
+// dpbusd multiplies u8 (the lane operand) by s8 (the broadcast token code):
+// Q4_0's nibbles q are unsigned and the token's seed -8 * sum(x) gives
+// (q - 8) . x exactly; Q8_0's weights are made unsigned, w + 128 (xor 0x80),
+// and the seed -128 * sum(x) gives w . x exactly. The token side (codes,
+// scale, seed per block; TileBlock) is laid out once per call.
+//
+// Per (row, token) the arithmetic is one fixed sequence, acc = fma(float(
+// block sum), d_w * d_x, acc) over the blocks in order, in the row's lane:
+// nothing depends on the other lanes' rows (a tail tile clamps its missing
+// rows to row 0 and drops them) or on the other tokens, so results do not
+// depend on n_tokens, the row offset or the tile (batch invariance). One
+// token takes the same kernel (16 rows per pass; each row's weight stream is
+// prefetched 2 KiB ahead).
+
+// TileActs for Q4_0: one row of A32 blocks -> TileBlocks (codes, scale, seed).
+void tile_acts512_block(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
+  const auto* x = reinterpret_cast<const A32*>(a32);
+  auto* o = reinterpret_cast<TileBlock*>(dst);
+  const int mult = t == DType::Q8_0 ? -128 : -8;
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i q = load32(x[i].qs);
+    // sum of the 32 codes: dpbusd of ones (u8) with the codes (s8).
+    const int sum = hsum_i32x8(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[i].qs), q);
+    o[i].d = x[i].d;
+    o[i].seed = mult * sum;
+  }
+}
+
+// Dwords k of 16 rows (4 x 128 bits each in a..d as [r0 r4 r8 r12], [r1 r5
+// r9 r13], [r2 ..], [r3 ..]) -> w[k] with lane r = dword k of row r.
+inline void transpose16x4(__m512i a, __m512i b, __m512i c, __m512i d, __m512i* w) {
+  const __m512i t0 = _mm512_unpacklo_epi32(a, b), t1 = _mm512_unpackhi_epi32(a, b);
+  const __m512i t2 = _mm512_unpacklo_epi32(c, d), t3 = _mm512_unpackhi_epi32(c, d);
+  w[0] = _mm512_unpacklo_epi64(t0, t2);
+  w[1] = _mm512_unpackhi_epi64(t0, t2);
+  w[2] = _mm512_unpacklo_epi64(t1, t3);
+  w[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+// 16 bytes at p[r] + off for rows j, j + 4, j + 8, j + 12.
+inline __m512i rows4(const std::byte* const* p, int j, size_t off) {
+  const auto ld = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + off)); };
+  const __m512i v = _mm512_castsi128_si512(ld(j));
+  return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(v, ld(j + 4), 1), ld(j + 8), 2), ld(j + 12), 3);
+}
+
+template <DType D, int NT>
+void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+  static_assert(D == DType::Q8_0 || D == DType::Q4_0);
+  using Blk = std::conditional_t<D == DType::Q8_0, BlockQ8_0, BlockQ4_0>;
+  constexpr size_t B = sizeof(Blk);
+  const std::byte* row[16];
+  for (int r = 0; r < 16; ++r) row[r] = w + size_t(r < nr ? r : 0) * ws;
+  const TileBlock* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TileBlock*>(xt + size_t(t) * xs);
+  // Byte offsets of the 16 rows, for the scale gather.
+  __m512i roff = _mm512_setzero_si512();
+  {
+    alignas(64) int32_t o[16];
+    for (int r = 0; r < 16; ++r) o[r] = int32_t(row[r] - row[0]);
+    roff = _mm512_load_si512(o);
+  }
+  const bool gather_ok = size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  const char* pf = reinterpret_cast<const char*>(w + 16 * ws);
+  const size_t pf_step = (16 * ws / size_t(nb) + 63) & ~size_t(63);
+  for (int64_t i = 0; i < nb; ++i) {
+    const size_t bo = size_t(i) * B;
+    if constexpr (NT == 1)
+      // One token is bound by the weight stream. The 16 rows are read side by
+      // side, 18 or 34 bytes each per step, too many streams for the hardware
+      // prefetchers, and a row is often shorter than prefetch_ahead's
+      // distance; the next 16 rows (the next row block of the same thread
+      // under a static schedule) are prefetched instead, 1/nb of them per
+      // step. Prefetching past the matrix's end faults nothing.
+      for (size_t l = size_t(i) * pf_step; l < size_t(i + 1) * pf_step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    __m512i wv[8];
+    if constexpr (D == DType::Q4_0) {
+      __m512i wk[4];
+      transpose16x4(rows4(row, 0, bo + 2), rows4(row, 1, bo + 2), rows4(row, 2, bo + 2), rows4(row, 3, bo + 2), wk);
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      for (int k = 0; k < 4; ++k) {
+        wv[k] = _mm512_and_si512(wk[k], low4);                            // elements 4k..4k+3
+        wv[k + 4] = _mm512_and_si512(_mm512_srli_epi32(wk[k], 4), low4);  // 16 + 4k..
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(char(0x80));
+      for (int h = 0; h < 2; ++h) {
+        __m512i wk[4];
+        const size_t off = bo + 2 + 16 * size_t(h);
+        transpose16x4(rows4(row, 0, off), rows4(row, 1, off), rows4(row, 2, off), rows4(row, 3, off), wk);
+        for (int k = 0; k < 4; ++k) wv[4 * h + k] = _mm512_xor_si512(wk[k], flip);
+      }
+    }
+    // 16 rows' fp16 scales: a gather of the dwords at each row's block start.
+    __m512i dw;
+    if (gather_ok) {
+      dw = _mm512_i32gather_epi32(roff, reinterpret_cast<const int*>(row[0] + bo), 1);
+    } else {
+      alignas(64) int32_t s[16];
+      for (int r = 0; r < 16; ++r) {
+        uint16_t h;
+        std::memcpy(&h, row[r] + bo, 2);
+        s[r] = h;
+      }
+      dw = _mm512_load_si512(s);
+    }
+    const __m512 wd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+    const auto mac = [&](const TileBlock& xb, __m512& acc) {
+      const int32_t* c = reinterpret_cast<const int32_t*>(xb.qs);
+      __m512i s = _mm512_set1_epi32(xb.seed);
+      // Q4_0: codes 0..15 are elements 0..15 (low nibbles), wv[k + 4] 16..31.
+      s = _mm512_dpbusd_epi32(s, wv[0], _mm512_set1_epi32(c[0]));
+      s = _mm512_dpbusd_epi32(s, wv[1], _mm512_set1_epi32(c[1]));
+      s = _mm512_dpbusd_epi32(s, wv[2], _mm512_set1_epi32(c[2]));
+      s = _mm512_dpbusd_epi32(s, wv[3], _mm512_set1_epi32(c[3]));
+      s = _mm512_dpbusd_epi32(s, wv[4], _mm512_set1_epi32(c[4]));
+      s = _mm512_dpbusd_epi32(s, wv[5], _mm512_set1_epi32(c[5]));
+      s = _mm512_dpbusd_epi32(s, wv[6], _mm512_set1_epi32(c[6]));
+      s = _mm512_dpbusd_epi32(s, wv[7], _mm512_set1_epi32(c[7]));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(xb.d)), acc);
+    };
+    mac(x[0][i], acc0);
+    if constexpr (NT > 1) mac(x[1][i], acc1);
+    if constexpr (NT > 2) mac(x[2][i], acc2);
+    if constexpr (NT > 3) mac(x[3][i], acc3);
+  }
+  alignas(64) float v[4][16];
+  _mm512_store_ps(v[0], acc0);
+  if constexpr (NT > 1) _mm512_store_ps(v[1], acc1);
+  if constexpr (NT > 2) _mm512_store_ps(v[2], acc2);
+  if constexpr (NT > 3) _mm512_store_ps(v[3], acc3);
+  for (int r = 0; r < nr; ++r)
+    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = v[t][r];
+}
+
+template <DType D>
+void tile16(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
+  static_assert(kMaxNT == 4, "the instantiations below");
+  switch (nt) {
+    case 1: return tile16_t<D, 1>(w, ws, nr, xt, xs, nb, out);
+    case 2: return tile16_t<D, 2>(w, ws, nr, xt, xs, nb, out);
+    case 3: return tile16_t<D, 3>(w, ws, nr, xt, xs, nb, out);
+    default: return tile16_t<D, 4>(w, ws, nr, xt, xs, nb, out);
+  }
+}
+
+// TileActs: each type in the layout of its tile.
+void tile_acts512(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
+  if (t == DType::Q8_0) tile_acts512_pair(t, a32, nb, dst);
+  else tile_acts512_block(t, a32, nb, dst);
 }
 
 // ---------- Q4_K / Q5_K / Q6_K register tiles on 512-bit vectors ----------
@@ -353,8 +519,20 @@ void tilek512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
 
 constexpr Kernels kTable512 = [] {
   Kernels k = kTable;
+  // Q8_0: 4 rows x 4 tokens, one token row by row (16 rows in the lanes
+  // measured 10-17% faster prefill but 22% slower decode on the 1B shape:
+  // 34-byte blocks of 16 rows side by side). Q4_0: 16 rows in the lanes for
+  // any token count (prefill +36%, decode unchanged; docs/BENCHMARKS.md
+  // "Session 12").
   k.tile[kernel_index(DType::Q8_0)] = tile512<DType::Q8_0>;
-  k.tile[kernel_index(DType::Q4_0)] = tile512<DType::Q4_0>;
+  k.tile_rows[kernel_index(DType::Q8_0)] = kTileRows;
+  k.tile_rows1[kernel_index(DType::Q8_0)] = 1;
+  k.tile[kernel_index(DType::Q4_0)] = tile16<DType::Q4_0>;
+  k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    k.tile_rows[kernel_index(t)] = 4;
+    k.tile_rows1[kernel_index(t)] = 1;
+  }
   k.tile[kernel_index(DType::Q4_K)] = tilek512<DType::Q4_K>;
   k.tile[kernel_index(DType::Q5_K)] = tilek512<DType::Q5_K>;
   k.tile[kernel_index(DType::Q6_K)] = tilek512<DType::Q6_K>;

@@ -1,6 +1,7 @@
 // Internal to the quantised kernels: ggml's block layouts, the int8
 // activation blocks, and the per-ISA kernel tables (quant_*.cc).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -92,22 +93,32 @@ constexpr int kMaxNT = 4;
 using RowDot = void (*)(const std::byte* w, const std::byte* xq, size_t xstride, int64_t nb, int nt, float* out);
 // x [n] -> activation blocks (quantize_act's bytes exactly, at every level).
 using ActQuant = void (*)(DType t, const float* x, int64_t n, std::byte* dst);
-// Rows per register tile of a TileDot.
+// Rows per call of a TileDot, at most.
+constexpr int kMaxTileRows = 16;
+// Rows of the 4 x 4 register tiles (Q8_0 and the K types at AVX-512).
 constexpr int kTileRows = 4;
-// A tile's activations: each row of A32 blocks re-laid once per call
-// (TileActs), so that a token's operands cost the tile nothing but loads.
-// One TilePair holds blocks 2p and 2p + 1 (the last alone when the count is
-// odd, its second half zero): the codes as the level's tile uses them, the
-// block scales spread over the lanes, and a per-lane seed for dpbusd.
+// A tile's activations for the 32-element types: each row of A32 blocks
+// re-laid once per call (TileActs), so that a token's operands cost the tile
+// nothing but loads: per block the codes, the scale and the integer seed
+// that makes the tile's unsigned x signed product exact (-8 * sum(codes) for
+// Q4_0, -128 * sum(codes) for Q8_0).
+struct TileBlock { float d; int32_t seed; int8_t qs[32]; };
+// Q8_0's tile (4 rows in the lanes of two blocks) takes TilePairs instead:
+// blocks 2p and 2p + 1 (the last alone when the count is odd, its second half
+// zero) with the codes made unsigned, the scales spread over the lanes.
 struct TilePair { int8_t qs[64]; float d[16]; int32_t seed[16]; };
-inline size_t tile_row_bytes(int64_t nb) { return size_t((nb + 1) / 2) * sizeof(TilePair); }
+// Room for either layout (a TilePair is 96 bytes per block, a TileBlock 40).
+inline size_t tile_row_bytes(int64_t nb) {
+  return std::max(size_t((nb + 1) / 2) * sizeof(TilePair), size_t(nb) * sizeof(TileBlock));
+}
 // One row of nb A32 blocks -> tile_row_bytes(nb) bytes for weights of type t.
 using TileActs = void (*)(DType t, const std::byte* a32, int64_t nb, std::byte* dst);
-// out[r * kMaxNT + t] = W_row_r · x_t for r < nr <= kTileRows, t < nt <=
-// kMaxNT; weight rows are `wstride` bytes apart, activation rows `xs` bytes
-// (TileActs' layout for the 32-element types, the A256 rows for the K types). A level that has one for a type computes every (row,
-// token) sum with the same instructions whatever nr and nt are, so a result
-// depends neither on how many tokens nor on which rows share the tile.
+// out[r * kMaxNT + t] = W_row_r · x_t for r < nr <= the type's tile_rows, t <
+// nt <= kMaxNT; weight rows are `wstride` bytes apart, activation rows `xs`
+// bytes (TileActs' layout for the 32-element types, the A256 rows for the K
+// types). A level that has one for a type computes every (row, token) sum
+// with the same instructions whatever nr and nt are, so a result depends
+// neither on how many tokens nor on which rows share the tile.
 using TileDot = void (*)(const std::byte* w, size_t wstride, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
                          float* out);
 struct Kernels {
@@ -115,6 +126,9 @@ struct Kernels {
   RowDot dot[8];  // by DType, Q8_0 first
   // Register-tiled rows x tokens; where a type has one, it replaces `dot`.
   TileDot tile[8] = {};
+  // Rows per tile call with several tokens and with one (one token may go
+  // row by row: it is bound by the weight stream, prefetched per row).
+  uint8_t tile_rows[8] = {}, tile_rows1[8] = {};
   TileActs tile_acts = nullptr;
 };
 constexpr int kernel_index(DType t) { return int(t) - int(DType::Q8_0); }

@@ -74,20 +74,22 @@ class QuantX {
 
 // y[t, o] for o in [r0, r1), every token. y rows are y_stride floats apart.
 // Up to kMaxNT tokens per pass; with the level's tile for this type, up to
-// kTileRows rows per pass too (one token goes row by row: it is bound by the
-// weight stream, which the kernel prefetches ahead of one row; with 4 rows in
-// flight those prefetches landed in rows already being read and the 1B-shape
-// decode lost 25-30%); else the row dot, one row per pass.
+// its tile_rows rows per pass too (tile_rows1 for one token: the K types'
+// tiles go row by row there, since one token is bound by the weight stream,
+// which the kernel prefetches ahead of one row, and with 4 rows in flight
+// those prefetches landed in rows already being read); else the row dot,
+// one row per pass.
 void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
               const float* bias, int64_t r0, int64_t r1) {
-  const RowDot dot = k.dot[kernel_index(w.dtype)];
-  const TileDot tile = k.tile[kernel_index(w.dtype)];
+  const int ki = kernel_index(w.dtype);
+  const RowDot dot = k.dot[ki];
+  const TileDot tile = k.tile[ki];
   const int64_t in = w.cols(), nb = in / int64_t(block_elems(w.dtype));
   const size_t rb = storage_bytes(w.dtype, size_t(in));
   const std::byte* xq = tile ? qx.tiled(w.dtype) : qx.data(w.dtype);
   const size_t xs = tile ? qx.tiled_stride(w.dtype) : qx.stride(w.dtype);
-  const int64_t rows_per_pass = tile && n_tokens > 1 ? kTileRows : 1;
-  float out[kTileRows * kMaxNT];  // [row][kMaxNT]
+  const int64_t rows_per_pass = !tile ? 1 : n_tokens > 1 ? k.tile_rows[ki] : k.tile_rows1[ki];
+  float out[kMaxTileRows * kMaxNT];  // [row][kMaxNT]
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
     const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
     for (int64_t o = r0; o < r1; o += rows_per_pass) {
