@@ -31,6 +31,11 @@ struct BenchOpts {
 };
 
 double peak_rss_mib() { return double(peak_rss_kib()) / 1024.0; }
+// MiB in huge pages, or null where the system does not say.
+nlohmann::json huge_pages_json() {
+  const int64_t kib = anon_huge_kib();
+  return kib < 0 ? nlohmann::json(nullptr) : nlohmann::json(double(kib) / 1024.0);
+}
 // Peak RSS, and how much memory is in huge pages (the weights read into
 // memory ask for them: io/mmap.h).
 void print_rss() {
@@ -44,7 +49,7 @@ void print_interleaved(const std::vector<InterleavedDepth>& res, const BenchOpts
   if (o.json) {
     nlohmann::json j = {{"model", path}, {"threads", ops::num_threads()}, {"kv_cache", o.cache.to_json()},
                         {"peak_rss_mib", peak_rss_mib()},
-                        {"huge_pages_mib", double(anon_huge_kib()) / 1024.0}};
+                        {"huge_pages_mib", huge_pages_json()}};
     for (const auto& d : res) {
       const MeanSd st = mean_sd(d.tps);
       j["interleaved"].push_back({{"depth", d.depth}, {"tokens", gen}, {"tps_mean", st.mean}, {"tps_sd", st.sd},
@@ -79,7 +84,7 @@ void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, co
                       {"weight_bytes", model.weight_bytes()},
                       {"kv_cache", o.cache.to_json()},
                       {"peak_rss_mib", peak_rss_mib()},
-                      {"huge_pages_mib", double(anon_huge_kib()) / 1024.0}};
+                      {"huge_pages_mib", huge_pages_json()}};
   if (b.prompt_tokens > 0)
     j["prefill"] = {{"tokens", b.prompt_tokens}, {"tps_mean", pp.mean}, {"tps_sd", pp.sd}, {"tps", r.prefill_tps},
                     {"tokens_per_cpu_second_mean", mean_sd(r.prefill_cpu_tps).mean}};

@@ -336,7 +336,7 @@ void BM_ReadBandwidth(benchmark::State& st) {
   st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(bytes));
 }
 BENCHMARK(BM_ReadBandwidth)
-    ->ArgsProduct({{53 << 20, 512 << 20, 1 << 30}, {1, 2}, {0, 2048}})
+    ->ArgsProduct({{53 << 20, 512 << 20, 1 << 30}, {1, 2}, {0, 2048, 4096}})
     ->ArgNames({"bytes", "threads", "prefetch"})
     ->UseRealTime();
 

@@ -31,18 +31,23 @@ std::string default_model_path() {
 
 LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   if (!file_exists(path) && !is_directory(path)) fail("{}: no such file or folder", path);
+  // With --weights the matrices are re-encoded into owned buffers and the
+  // file's copies are never read again, but the model keeps its files (the
+  // norms are views of them): mapped, those pages stay reclaimable; read
+  // into anonymous memory they would be pinned. So --weights maps.
+  const FileLoad how = opt.weights ? FileLoad::Map : opt.file_load;
   LoadedModel lm;
   if (is_directory(path)) {
-    lm.model = Model::load_hf(path, opt.file_load);
+    lm.model = Model::load_hf(path, how);
     const std::string tok = path + "/tokenizer.json";
     if (file_exists(tok)) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_file(tok));
   } else if (path.size() > 8 && path.ends_with(".tinygpt")) {
     std::string tok_json;
-    lm.model = Model::load_tinygpt(path, &tok_json, opt.file_load);
+    lm.model = Model::load_tinygpt(path, &tok_json, how);
     if (!tok_json.empty()) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_json(tok_json));
   } else if (path.size() > 5 && path.ends_with(".gguf")) {
     std::shared_ptr<const GgufFile> gguf;
-    lm.model = load_gguf_model(path, &gguf, opt.file_load);
+    lm.model = load_gguf_model(path, &gguf, how);
     lm.add_bos = gguf->find_bool("tokenizer.ggml.add_bos_token").value_or(true);
     if (gguf->has("tokenizer.ggml.model")) lm.tokenizer = std::make_shared<Tokenizer>(tokenizer_from_gguf(*gguf));
   } else {

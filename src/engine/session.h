@@ -30,6 +30,7 @@ struct LoadOptions {
   // How the model's files come into memory (io/mmap.h): read into memory
   // with huge pages (the default: decode streams every weight once per
   // token) or `--mmap`ped (shared with other processes through the page cache).
+  // With `weights` set the files are always mapped (load_model says why).
   FileLoad file_load = FileLoad::Read;
 };
 LoadedModel load_model(const std::string& path, const LoadOptions& opt = {});

@@ -102,8 +102,10 @@ inline float finish_row(__m512 acc, const std::byte* wrow, const float* x, int64
 // interleaved measured 5-10% slower on the 1B shape), and software prefetch
 // runs kMatvecPrefetch bytes ahead of it (as the quantised kernels'
 // prefetch_ahead, quant_simd.inc), across page boundaries where the hardware
-// prefetchers stop.
-constexpr int64_t kMatvecPrefetch = 2048;
+// prefetchers stop. 4 KiB: 1B bf16 decode, 1 / 2 / 4 / 8 KiB alternated in
+// two rounds, 23.4-24.1 / 24.6-25.0 / 26.0-26.6 / 25.8-26.4 tokens/s
+// (docs/BENCHMARKS.md, "Session 12").
+constexpr int64_t kMatvecPrefetch = 4096;
 
 template <DType D>
 void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0, int64_t r1) {

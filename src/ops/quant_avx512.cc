@@ -200,8 +200,8 @@ void tile512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t 
 // nothing depends on the other lanes' rows (a tail tile clamps its missing
 // rows to row 0 and drops them) or on the other tokens, so results do not
 // depend on n_tokens, the row offset or the tile (batch invariance). One
-// token takes the same kernel (16 rows per pass; each row's weight stream is
-// prefetched 2 KiB ahead).
+// token takes the same kernel (16 rows per pass; the next 16 rows are
+// prefetched while these are read, below).
 
 // TileActs for Q4_0: one row of A32 blocks -> TileBlocks (codes, scale, seed).
 void tile_acts512_block(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
@@ -254,6 +254,11 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
   const bool gather_ok = size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   const char* pf = reinterpret_cast<const char*>(w + 16 * ws);
+  if (nb <= 0) {  // a 0-column weight: every sum is 0
+    for (int r = 0; r < nr; ++r)
+      for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = 0.f;
+    return;
+  }
   const size_t pf_step = (16 * ws / size_t(nb) + 63) & ~size_t(63);
   for (int64_t i = 0; i < nb; ++i) {
     const size_t bo = size_t(i) * B;
@@ -522,8 +527,8 @@ constexpr Kernels kTable512 = [] {
   // Q8_0: 4 rows x 4 tokens, one token row by row (16 rows in the lanes
   // measured 10-17% faster prefill but 22% slower decode on the 1B shape:
   // 34-byte blocks of 16 rows side by side). Q4_0: 16 rows in the lanes for
-  // any token count (prefill +36%, decode unchanged; docs/BENCHMARKS.md
-  // "Session 12").
+  // any token count (1B shape: prefill +30-45%, decode +9-11%, with the
+  // weights in huge pages; docs/BENCHMARKS.md "Session 12").
   k.tile[kernel_index(DType::Q8_0)] = tile512<DType::Q8_0>;
   k.tile_rows[kernel_index(DType::Q8_0)] = kTileRows;
   k.tile_rows1[kernel_index(DType::Q8_0)] = 1;

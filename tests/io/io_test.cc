@@ -167,7 +167,9 @@ TEST(MappedFile, ReadEqualsMap) {
       EXPECT_NE(read.data(), mapped.data());
     }
     MappedFile moved = std::move(read);  // the buffer moves with it, and is unmapped once
-    if (n) EXPECT_EQ(std::memcmp(moved.data(), bytes.data(), n), 0);
+    if (n) {
+      EXPECT_EQ(std::memcmp(moved.data(), bytes.data(), n), 0);
+    }
   }
   EXPECT_NE(error_of([&] { MappedFile(tmpdir() + "/absent", FileLoad::Read); }).find("cannot open"), std::string::npos);
 }
