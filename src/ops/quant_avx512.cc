@@ -23,7 +23,8 @@ inline __m256i dot_u8s8_w(__m256i acc, __m256i u, __m256i s, __m256i w16) {
 
 // ---------- Q8_0: register tiles of 4 rows x 4 tokens on 512-bit vectors ----------
 // (Q4_0 had this tile until session 12; it now takes the 16-rows-in-lanes
-// tile below, and the Q4_0 paths here are kept for that comparison.)
+// tile below, which decodes Q8_0 22% slower: 34-byte blocks of 16 rows side
+// by side.)
 // A vector holds two 32-element blocks: lanes 0-7 the dpbusd lane sums of
 // the even block i, lanes 8-15 those of the odd block i + 1. A (row, token)
 // pair keeps one fp32 accumulator vector, so its low half is the 256-bit
@@ -31,17 +32,14 @@ inline __m256i dot_u8s8_w(__m256i acc, __m256i u, __m256i s, __m256i w16) {
 // ends as theirs does (low + high, then hsum). For Q8_0 every operation on a
 // token's lanes is the 256-bit kernel's, so Q8_0 results are unchanged (the
 // last block of an odd count adds 0 * 0 to the high half, which can at most
-// turn a -0 into +0). Q4_0's offset moved into the integer sum (below), so
-// its results differ from the 256-bit kernel's in the last fp32 bits.
+// turn a -0 into +0).
 //
-// dpbusd multiplies u8 by s8 and adds to a seed. Q8_0: the activation is
-// made unsigned once per token, x + 128 (xor 0x80; the 256-bit kernels
-// instead take |w| and give x w's sign, two operations per row and token, and
-// AVX-512 has no vpsignb), and each row's seed is -128 * (its lane's 4
-// weights' sum), so dpbusd returns x . w exactly. Q4_0: the nibbles q are
-// the unsigned side and each token's seed is -8 * (its lane's 4 codes' sum),
-// which gives (q - 8) . x exactly. The token side (codes, scales spread over
-// the lanes, seeds) is laid out once per call (tile_acts512), so per (row,
+// dpbusd multiplies u8 by s8 and adds to a seed. The activation is made
+// unsigned once per token, x + 128 (xor 0x80; the 256-bit kernels instead
+// take |w| and give x w's sign, two operations per row and token, and AVX-512
+// has no vpsignb), and each row's seed is -128 * (its lane's 4 weights' sum),
+// so dpbusd returns x . w exactly. The token side (codes, scales spread over
+// the lanes) is laid out once per call (tile_acts512_pair), so per (row,
 // token, pair of blocks) the tile does dpbusd, convert, scale product, FMA;
 // each row's unpacking is shared by up to kMaxNT tokens.
 
@@ -67,55 +65,38 @@ inline __m512 pair_scales_f16(const void* blocks, bool one) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, h)));
 }
 
-// TileActs for Q8_0: one row of A32 blocks -> TilePairs.
-void tile_acts512_pair(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
+// TileActs for Q8_0: one row of A32 blocks -> TilePairs (codes made unsigned,
+// scales spread over the lanes).
+void tile_acts512_pair(const std::byte* a32, int64_t nb, std::byte* dst) {
   const auto* x = reinterpret_cast<const A32*>(a32);
   auto* o = reinterpret_cast<TilePair*>(dst);
   for (int64_t i = 0; i < nb; i += 2, ++o) {
     const bool one = i + 1 == nb;
-    __m512i xv = pair_codes(x[i].qs, one ? nullptr : x[i + 1].qs);
-    __m512i seed = _mm512_setzero_si512();
-    if (t == DType::Q8_0) {
-      xv = _mm512_maskz_mov_epi32(one ? 0x00FF : 0xFFFF, _mm512_xor_si512(xv, _mm512_set1_epi8(char(0x80))));
-    } else {
-      seed = _mm512_sub_epi32(seed, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), xv));
-    }
+    const __m512i xv = _mm512_maskz_mov_epi32(
+        one ? 0x00FF : 0xFFFF, _mm512_xor_si512(pair_codes(x[i].qs, one ? nullptr : x[i + 1].qs),
+                                                _mm512_set1_epi8(char(0x80))));
     const __m256 lo = _mm256_set1_ps(x[i].d);
     const __m512 xd = one ? _mm512_zextps256_ps512(lo)
                           : _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
                                                                 _mm256_castps_pd(_mm256_set1_ps(x[i + 1].d)), 1));
     _mm512_storeu_si512(o->qs, xv);
     _mm512_storeu_ps(o->d, xd);
-    _mm512_storeu_si512(o->seed, seed);
   }
 }
 
-// Row r's blocks i and i + 1 (or block i alone: kOne, the last of an odd
-// count) times NT tokens, into c0..c3 (token t into c_t).
-template <DType D, int NT, bool kOne, typename Blk>
-__attribute__((always_inline)) inline void tile512_row(const Blk* b, const TilePair* const* x, int64_t i, __m512& c0,
-                                                        __m512& c1, __m512& c2, __m512& c3) {
+// Q8_0 row r's blocks i and i + 1 (or block i alone: kOne, the last of an
+// odd count) times NT tokens, into c0..c3 (token t into c_t). The token codes
+// are unsigned (x + 128); the seed -128 * sum(w) makes the dpbusd sum x . w.
+template <int NT, bool kOne>
+__attribute__((always_inline)) inline void tile512_row(const BlockQ8_0* b, const TilePair* const* x, int64_t i,
+                                                        __m512& c0, __m512& c1, __m512& c2, __m512& c3) {
   const int64_t p = i / 2;
-  __m512i wv, seed;
-  if constexpr (D == DType::Q8_0) {
-    wv = pair_codes(b[i].qs, kOne ? nullptr : b[i + 1].qs);
-    seed = _mm512_sub_epi32(_mm512_setzero_si512(),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), wv));
-  } else {
-    // 16 bytes of nibbles per block -> [lo_i, hi_i, lo_{i+1}, hi_{i+1}], 16 levels each.
-    const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
-    const __m128i qc = kOne ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i + 1].qs));
-    const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qc, 1);
-    wv = _mm512_and_si512(_mm512_permutex2var_epi64(_mm512_castsi256_si512(q), _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
-                                                    _mm512_castsi256_si512(_mm256_srli_epi16(q, 4))),
-                          _mm512_set1_epi8(0x0F));
-    seed = _mm512_setzero_si512();  // unused: Q4_0 takes the token's seed
-  }
-  const __m512 wd = pair_scales_f16<int(sizeof(Blk))>(&b[i], kOne);
+  const __m512i wv = pair_codes(b[i].qs, kOne ? nullptr : b[i + 1].qs);
+  const __m512i seed = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), wv));
+  const __m512 wd = pair_scales_f16<int(sizeof(BlockQ8_0))>(&b[i], kOne);
   const auto mac = [&](const TilePair& xp, __m512& c) {
-    const __m512i xv = _mm512_loadu_si512(xp.qs);
-    const __m512i dot = D == DType::Q8_0 ? _mm512_dpbusd_epi32(seed, xv, wv)
-                                         : _mm512_dpbusd_epi32(_mm512_loadu_si512(xp.seed), wv, xv);
+    const __m512i dot = _mm512_dpbusd_epi32(seed, _mm512_loadu_si512(xp.qs), wv);
     // One block: the high half adds 0 * 0 (its codes and scales are 0).
     c = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd, _mm512_loadu_ps(xp.d)), c);
   };
@@ -125,11 +106,10 @@ __attribute__((always_inline)) inline void tile512_row(const Blk* b, const TileP
   if constexpr (NT > 3) mac(x[3][p], c3);
 }
 
-template <DType D, int NR, int NT>
+template <int NR, int NT>
 void tile512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, int64_t nb, float* out) {
-  static_assert(D == DType::Q8_0 || D == DType::Q4_0);
   static_assert(NR >= 1 && NR <= 4 && NT >= 1 && NT <= 4);
-  using Blk = std::conditional_t<D == DType::Q8_0, BlockQ8_0, BlockQ4_0>;
+  using Blk = BlockQ8_0;
   const Blk* b[NR];
   const TilePair* x[NT];
   for (int r = 0; r < NR; ++r) b[r] = reinterpret_cast<const Blk*>(w + size_t(r) * ws);
@@ -140,10 +120,10 @@ void tile512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, in
   __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
          a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
   const auto step = [&]<bool kOne>(int64_t i) {
-    tile512_row<D, NT, kOne>(b[0], x, i, a00, a01, a02, a03);
-    if constexpr (NR > 1) tile512_row<D, NT, kOne>(b[1], x, i, a10, a11, a12, a13);
-    if constexpr (NR > 2) tile512_row<D, NT, kOne>(b[2], x, i, a20, a21, a22, a23);
-    if constexpr (NR > 3) tile512_row<D, NT, kOne>(b[3], x, i, a30, a31, a32, a33);
+    tile512_row<NT, kOne>(b[0], x, i, a00, a01, a02, a03);
+    if constexpr (NR > 1) tile512_row<NT, kOne>(b[1], x, i, a10, a11, a12, a13);
+    if constexpr (NR > 2) tile512_row<NT, kOne>(b[2], x, i, a20, a21, a22, a23);
+    if constexpr (NR > 3) tile512_row<NT, kOne>(b[3], x, i, a30, a31, a32, a33);
   };
   const int64_t pairs_end = nb & ~int64_t(1);
   for (int64_t i = 0; i < pairs_end; i += 2) {
@@ -158,27 +138,13 @@ void tile512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, in
     for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = hsum512(acc[r][t]);
 }
 
-template <DType D, int NR>
-void tile512_nr(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  switch (nt) {
-    case 1: return tile512_t<D, NR, 1>(w, ws, xt, xs, nb, out);
-    case 2: return tile512_t<D, NR, 2>(w, ws, xt, xs, nb, out);
-    case 3: return tile512_t<D, NR, 3>(w, ws, xt, xs, nb, out);
-    default: return tile512_t<D, NR, 4>(w, ws, xt, xs, nb, out);
-  }
-}
-template <DType D>
-void tile512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  static_assert(kTileRows == 4 && kMaxNT == 4, "the instantiations below");
-  switch (nr) {
-    case 1: return tile512_nr<D, 1>(w, ws, xt, xs, nb, nt, out);
-    case 2: return tile512_nr<D, 2>(w, ws, xt, xs, nb, nt, out);
-    case 3: return tile512_nr<D, 3>(w, ws, xt, xs, nb, nt, out);
-    default: return tile512_nr<D, 4>(w, ws, xt, xs, nb, nt, out);
-  }
+void tile512_q8(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
+                float* out) {
+  static_assert(kTileRows == 4 && kMaxNT == 4, "with_1to4 covers the counts");
+  with_1to4(nr, [&](auto NR) { with_1to4(nt, [&](auto NT) { tile512_t<NR(), NT()>(w, ws, xt, xs, nb, out); }); });
 }
 
-// ---------- Q8_0 / Q4_0: 16 rows in the 16 lanes ----------
+// ---------- Q4_0: 16 rows in the 16 lanes ----------
 // A 32-bit lane is one weight row: W_k (k = 0..7) holds 4 consecutive codes
 // (elements 4k..4k+3 of a block) of each of 16 rows, and the token's same 4
 // codes are broadcast to every lane (dpbusd's embedded {1to16} operand). So
@@ -191,9 +157,8 @@ void tile512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t 
 //
 // dpbusd multiplies u8 (the lane operand) by s8 (the broadcast token code):
 // Q4_0's nibbles q are unsigned and the token's seed -8 * sum(x) gives
-// (q - 8) . x exactly; Q8_0's weights are made unsigned, w + 128 (xor 0x80),
-// and the seed -128 * sum(x) gives w . x exactly. The token side (codes,
-// scale, seed per block; TileBlock) is laid out once per call.
+// (q - 8) . x exactly. The token side (codes, scale, seed per block;
+// TileBlock) is laid out once per call.
 //
 // Per (row, token) the arithmetic is one fixed sequence, acc = fma(float(
 // block sum), d_w * d_x, acc) over the blocks in order, in the row's lane:
@@ -204,17 +169,16 @@ void tile512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t 
 // prefetched while these are read, below).
 
 // TileActs for Q4_0: one row of A32 blocks -> TileBlocks (codes, scale, seed).
-void tile_acts512_block(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
+void tile_acts512_block(const std::byte* a32, int64_t nb, std::byte* dst) {
   const auto* x = reinterpret_cast<const A32*>(a32);
   auto* o = reinterpret_cast<TileBlock*>(dst);
-  const int mult = t == DType::Q8_0 ? -128 : -8;
   for (int64_t i = 0; i < nb; ++i) {
     const __m256i q = load32(x[i].qs);
     // sum of the 32 codes: dpbusd of ones (u8) with the codes (s8).
     const int sum = hsum_i32x8(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[i].qs), q);
     o[i].d = x[i].d;
-    o[i].seed = mult * sum;
+    o[i].seed = -8 * sum;
   }
 }
 
@@ -235,11 +199,9 @@ inline __m512i rows4(const std::byte* const* p, int j, size_t off) {
   return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(v, ld(j + 4), 1), ld(j + 8), 2), ld(j + 12), 3);
 }
 
-template <DType D, int NT>
+template <int NT>
 void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, float* out) {
-  static_assert(D == DType::Q8_0 || D == DType::Q4_0);
-  using Blk = std::conditional_t<D == DType::Q8_0, BlockQ8_0, BlockQ4_0>;
-  constexpr size_t B = sizeof(Blk);
+  constexpr size_t B = sizeof(BlockQ4_0);
   const std::byte* row[16];
   for (int r = 0; r < 16; ++r) row[r] = w + size_t(r < nr ? r : 0) * ws;
   const TileBlock* x[NT];
@@ -271,21 +233,13 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
       // step. Prefetching past the matrix's end faults nothing.
       for (size_t l = size_t(i) * pf_step; l < size_t(i + 1) * pf_step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
     __m512i wv[8];
-    if constexpr (D == DType::Q4_0) {
+    {
       __m512i wk[4];
       transpose16x4(rows4(row, 0, bo + 2), rows4(row, 1, bo + 2), rows4(row, 2, bo + 2), rows4(row, 3, bo + 2), wk);
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       for (int k = 0; k < 4; ++k) {
         wv[k] = _mm512_and_si512(wk[k], low4);                            // elements 4k..4k+3
         wv[k + 4] = _mm512_and_si512(_mm512_srli_epi32(wk[k], 4), low4);  // 16 + 4k..
-      }
-    } else {
-      const __m512i flip = _mm512_set1_epi8(char(0x80));
-      for (int h = 0; h < 2; ++h) {
-        __m512i wk[4];
-        const size_t off = bo + 2 + 16 * size_t(h);
-        transpose16x4(rows4(row, 0, off), rows4(row, 1, off), rows4(row, 2, off), rows4(row, 3, off), wk);
-        for (int k = 0; k < 4; ++k) wv[4 * h + k] = _mm512_xor_si512(wk[k], flip);
       }
     }
     // 16 rows' fp16 scales: a gather of the dwords at each row's block start.
@@ -330,21 +284,16 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = v[t][r];
 }
 
-template <DType D>
-void tile16(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  static_assert(kMaxNT == 4, "the instantiations below");
-  switch (nt) {
-    case 1: return tile16_t<D, 1>(w, ws, nr, xt, xs, nb, out);
-    case 2: return tile16_t<D, 2>(w, ws, nr, xt, xs, nb, out);
-    case 3: return tile16_t<D, 3>(w, ws, nr, xt, xs, nb, out);
-    default: return tile16_t<D, 4>(w, ws, nr, xt, xs, nb, out);
-  }
+void tile16_q4(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
+               float* out) {
+  static_assert(kMaxNT == 4, "with_1to4 covers the counts");
+  with_1to4(nt, [&](auto NT) { tile16_t<NT()>(w, ws, nr, xt, xs, nb, out); });
 }
 
 // TileActs: each type in the layout of its tile.
 void tile_acts512(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
-  if (t == DType::Q8_0) tile_acts512_pair(t, a32, nb, dst);
-  else tile_acts512_block(t, a32, nb, dst);
+  if (t == DType::Q8_0) tile_acts512_pair(a32, nb, dst);
+  else tile_acts512_block(a32, nb, dst);
 }
 
 // ---------- Q4_K / Q5_K / Q6_K register tiles on 512-bit vectors ----------
@@ -503,23 +452,10 @@ void tilek512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, i
     for (int t = 0; t < NT; ++t) out[k * kMaxNT + t] = hsum512(acc[k][t]);
 }
 
-template <DType D, int NR>
-void tilek512_nr(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  switch (nt) {
-    case 1: return tilek512_t<D, NR, 1>(w, ws, xt, xs, nb, out);
-    case 2: return tilek512_t<D, NR, 2>(w, ws, xt, xs, nb, out);
-    case 3: return tilek512_t<D, NR, 3>(w, ws, xt, xs, nb, out);
-    default: return tilek512_t<D, NR, 4>(w, ws, xt, xs, nb, out);
-  }
-}
 template <DType D>
 void tilek512(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  switch (nr) {
-    case 1: return tilek512_nr<D, 1>(w, ws, xt, xs, nb, nt, out);
-    case 2: return tilek512_nr<D, 2>(w, ws, xt, xs, nb, nt, out);
-    case 3: return tilek512_nr<D, 3>(w, ws, xt, xs, nb, nt, out);
-    default: return tilek512_nr<D, 4>(w, ws, xt, xs, nb, nt, out);
-  }
+  static_assert(kTileRows == 4 && kMaxNT == 4, "with_1to4 covers the counts");
+  with_1to4(nr, [&](auto NR) { with_1to4(nt, [&](auto NT) { tilek512_t<D, NR(), NT()>(w, ws, xt, xs, nb, out); }); });
 }
 
 constexpr Kernels kTable512 = [] {
@@ -529,10 +465,10 @@ constexpr Kernels kTable512 = [] {
   // 34-byte blocks of 16 rows side by side). Q4_0: 16 rows in the lanes for
   // any token count (1B shape: prefill +30-45%, decode +9-11%, with the
   // weights in huge pages; docs/BENCHMARKS.md "Session 12").
-  k.tile[kernel_index(DType::Q8_0)] = tile512<DType::Q8_0>;
+  k.tile[kernel_index(DType::Q8_0)] = tile512_q8;
   k.tile_rows[kernel_index(DType::Q8_0)] = kTileRows;
   k.tile_rows1[kernel_index(DType::Q8_0)] = 1;
-  k.tile[kernel_index(DType::Q4_0)] = tile16<DType::Q4_0>;
+  k.tile[kernel_index(DType::Q4_0)] = tile16_q4;
   k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     k.tile_rows[kernel_index(t)] = 4;

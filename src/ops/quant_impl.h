@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -87,10 +88,26 @@ void quantize_act(DType t, const float* x, int64_t n, std::byte* dst);
 // ---------- kernel tables ----------
 // Tokens one weight row is multiplied with per pass (the prefill tile).
 constexpr int kMaxNT = 4;
+// f(std::integral_constant<int, n>) for n in 1..4 (4 for anything larger):
+// a runtime row or token count -> the kernel instantiated for it.
+template <class F>
+inline void with_1to4(int n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
 // out[t] = W_row · x_t for t < nt <= kMaxNT; the rows of activation blocks are
 // `xstride` bytes apart, `nb` weight blocks per row. Each token's sum is
 // computed by the same instructions whatever nt is (batch invariance).
 using RowDot = void (*)(const std::byte* w, const std::byte* xq, size_t xstride, int64_t nb, int nt, float* out);
+// A RowDot entry point `name` over name##_t<ARGS..., NT>.
+#define PTLLM_QDISPATCH(name, ...)                                                                     \
+  void name(const std::byte* w, const std::byte* xq, size_t xs, int64_t nb, int nt, float* out) {     \
+    ::ptllm::ops::q::with_1to4(nt, [&](auto NT) { name##_t<__VA_ARGS__ __VA_OPT__(, ) NT()>(w, xq, xs, nb, out); }); \
+  }
 // x [n] -> activation blocks (quantize_act's bytes exactly, at every level).
 using ActQuant = void (*)(DType t, const float* x, int64_t n, std::byte* dst);
 // Rows per call of a TileDot, at most.
@@ -99,15 +116,16 @@ constexpr int kMaxTileRows = 16;
 constexpr int kTileRows = 4;
 // A tile's activations for the 32-element types: each row of A32 blocks
 // re-laid once per call (TileActs), so that a token's operands cost the tile
-// nothing but loads: per block the codes, the scale and the integer seed
-// that makes the tile's unsigned x signed product exact (-8 * sum(codes) for
-// Q4_0, -128 * sum(codes) for Q8_0).
+// nothing but loads. Q4_0's tile (16 rows in the lanes) takes TileBlocks:
+// per block the codes, the scale and the integer seed -8 * sum(codes) that
+// makes the tile's unsigned x signed product exact.
 struct TileBlock { float d; int32_t seed; int8_t qs[32]; };
 // Q8_0's tile (4 rows in the lanes of two blocks) takes TilePairs instead:
 // blocks 2p and 2p + 1 (the last alone when the count is odd, its second half
-// zero) with the codes made unsigned, the scales spread over the lanes.
-struct TilePair { int8_t qs[64]; float d[16]; int32_t seed[16]; };
-// Room for either layout (a TilePair is 96 bytes per block, a TileBlock 40).
+// zero) with the codes made unsigned, the scales spread over the lanes (the
+// seed is the weight row's, made in the tile).
+struct TilePair { int8_t qs[64]; float d[16]; };
+// Room for either layout (a TilePair is 64 bytes per block, a TileBlock 40).
 inline size_t tile_row_bytes(int64_t nb) {
   return std::max(size_t((nb + 1) / 2) * sizeof(TilePair), size_t(nb) * sizeof(TileBlock));
 }
