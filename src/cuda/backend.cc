@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -32,6 +33,7 @@ class Engine {
  public:
   Engine(const Model& m, WeightType wt);
   ~Engine() {
+    if (pinned_) cudaFreeHost(pinned_);
     if (stream_) cudaStreamDestroy(stream_);
   }
   // n rows: one sequence of n tokens (n_caches = 1) or n sequences of one token.
@@ -51,6 +53,14 @@ class Engine {
   const Model& m_;
   Gemm* gemm_ = nullptr;
   int64_t gemm_rows_ = 16, batch_launch_ = 2;
+  bool fuse_ = true;  // GEMV steps: q/k/v in one launch, gate/up/silu in one (PTLLM_CUDA_FUSE=0: apart)
+  // Page-locked staging for the logits of a decode step or batch (a copy to pageable memory
+  // goes through the driver's own staging in pieces), grown to the largest copy up to
+  // kPinnedFloats (64 MiB: a batch of 64 at a 128K vocabulary); larger copies go direct.
+  static constexpr int64_t kPinnedFloats = int64_t(1) << 24;
+  bool use_pinned_ = true;  // PTLLM_CUDA_PINNED=0: copy the logits to the caller's memory directly
+  float* pinned_ = nullptr;
+  int64_t pinned_floats_ = 0;
   BatchAttend batch_;
   DevBuf xb_;  // x rounded to the weight type for the GEMM
   WeightType asked_;
@@ -101,6 +111,11 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   };
   gemm_rows_ = env_int("PTLLM_CUDA_GEMM_ROWS", 16);
   batch_launch_ = env_int("PTLLM_CUDA_BATCH_LAUNCH", 2);
+  // PTLLM_CUDA_FUSE=0: the GEMV path launches q, k, v, gate, up and silu_mul apart (as before
+  // session 13), for comparison; a fused launch computes each output row as the separate one
+  // does (bit-identical where both split K alike: tests/cuda, FusedGemvMatchesSeparateLaunches).
+  fuse_ = env_int("PTLLM_CUDA_FUSE", 1) != 0;
+  use_pinned_ = env_int("PTLLM_CUDA_PINNED", 1) != 0;
   if (gemm_rows_ > 0) gemm_ = Gemm::get();
   const TensorView& emb = m.tensors().get("model.embed_tokens.weight");
   if (wt == WeightType::Auto)
@@ -236,9 +251,18 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const GpuLayer& w = layers_[size_t(l)];
     k::rmsnorm(x, w.attn_norm->f(), eps, int(n), int(H), xn, s);
-    linear(*w.wq, xn, w.bq.get(), q, int(n), int(QD), int(H), false, s);
-    linear(*w.wk, xn, w.bk.get(), kk, int(n), int(KD), int(H), false, s);
-    linear(*w.wv, xn, w.bv.get(), vv, int(n), int(KD), int(H), false, s);
+    if (fuse_ && !use_gemm_) {
+      k::GemvSegs qkv;
+      qkv.o[0] = k::GemvOut{w.wq->p, w.bq ? w.bq->f() : nullptr, q, int(QD), false};
+      qkv.o[1] = k::GemvOut{w.wk->p, w.bk ? w.bk->f() : nullptr, kk, int(KD), false};
+      qkv.o[2] = k::GemvOut{w.wv->p, w.bv ? w.bv->f() : nullptr, vv, int(KD), false};
+      qkv.n = 3;
+      k::gemv_multi(we_, qkv, xn, int(n), int(H), s);
+    } else {
+      linear(*w.wq, xn, w.bq.get(), q, int(n), int(QD), int(H), false, s);
+      linear(*w.wk, xn, w.bk.get(), kk, int(n), int(KD), int(H), false, s);
+      linear(*w.wv, xn, w.bv.get(), vv, int(n), int(KD), int(H), false, s);
+    }
     // KIVI stores keys before RoPE (turned by slot at read time); plain caches rotated at their position.
     if (both) check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
     if (any_plain) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
@@ -251,18 +275,32 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
     }
     linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s);
     k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
-    linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
-    linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
-    k::silu_mul(gate, up, n * F, s);
+    if (fuse_ && !use_gemm_) {
+      k::gemv_swiglu(we_, w.gate->p, w.up->p, xn, gate, int(n), int(F), int(H), s);
+    } else {
+      linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
+      linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
+      k::silu_mul(gate, up, n * F, s);
+    }
     linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s);
   }
   const int64_t rows = all_logits ? n : 1;
   const float* xl = all_logits ? x : x + (n - 1) * H;
   k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);
   linear(*lm_head_, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
-  check(cudaMemcpyAsync(logits, lg, size_t(rows * V) * 4, cudaMemcpyDeviceToHost, s), "logits");
+  const int64_t n_out = rows * V;
+  const bool staged = use_pinned_ && n_out <= kPinnedFloats;
+  if (staged && n_out > pinned_floats_) {
+    if (pinned_) cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_floats_ = 0;
+    check(cudaMallocHost(reinterpret_cast<void**>(&pinned_), size_t(n_out) * 4), "pinned logits buffer");
+    pinned_floats_ = n_out;
+  }
+  check(cudaMemcpyAsync(staged ? pinned_ : logits, lg, size_t(n_out) * 4, cudaMemcpyDeviceToHost, s), "logits");
   check(cudaStreamSynchronize(s), "forward");
   check(cudaGetLastError(), "kernel");
+  if (staged) std::memcpy(logits, pinned_, size_t(n_out) * 4);
   for (int64_t b = 0; b < n_caches; ++b) caches[b]->end_step(batch ? 1 : n);
 }
 

@@ -3,6 +3,10 @@
 // kernels.h.
 #include "cuda/kernels_common.cuh"
 
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
 namespace ptllm::cuda::k {
 namespace {
 
@@ -41,56 +45,260 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 // that a short projection still fills the GPU), up to 8 input rows: the weight
 // row is streamed once (16-byte loads), each warp a strided share of K, and
 // multiplied with every input row; partial sums meet in shared memory.
+// The output rows of one launch are the concatenation of up to kMaxSegs
+// projections that share x (q, k and v: one launch instead of three; each row
+// n's sum is the same whichever segments share the launch). kGlu: segment 0
+// is the gate and segment 1 the up projection of the same N rows, both read
+// by the same warps, and y = silu(gate) * up (SwiGLU in the epilogue: one
+// launch instead of gate, up and silu_mul).
 constexpr int kRows = 8, kWarps = 8;
-template <class T, bool kVec>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T* __restrict__ W, const float* __restrict__ x,
-                                                           const float* __restrict__ bias, float* __restrict__ y,
-                                                           int M, int N, int K, bool accumulate, int wpr) {
+template <class T, bool kVec, bool kGlu>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const float* __restrict__ x, int M, int K,
+                                                           int wpr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int part = warp % wpr;
-  const int n = blockIdx.x * (kWarps / wpr) + warp / wpr;
-  __shared__ float red[kWarps][kRows];
-  float acc[kRows] = {};
-  if (n < N) {
-    const T* w = W + int64_t(n) * K;
+  int n = blockIdx.x * (kWarps / wpr) + warp / wpr, sg = 0;
+  while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
+  const GemvOut& o = segs.o[sg];
+  constexpr int kAcc = kGlu ? 2 : 1;
+  __shared__ float red[kAcc][kWarps][kRows];
+  float acc[kAcc][kRows] = {};
+  if (n < o.N) {
+    const T* w[kAcc];
+    w[0] = static_cast<const T*>(o.W) + int64_t(n) * K;
+    if (kGlu) w[kAcc - 1] = static_cast<const T*>(segs.o[1].W) + int64_t(n) * K;
     if (kVec) {
       for (int k0 = (part * 32 + lane) * 8; k0 < K; k0 += wpr * 32 * 8) {
-        float wv[8];
-        load8(w + k0, wv);
+        float wv[kAcc][8];
+#pragma unroll
+        for (int a = 0; a < kAcc; ++a) load8(w[a] + k0, wv[a]);
 #pragma unroll
         for (int m = 0; m < kRows; ++m) {
           if (m < M) {
             float xv[8];
             load8(x + int64_t(m) * K + k0, xv);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[m] = fmaf(wv[j], xv[j], acc[m]);
+            for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[a][m] = fmaf(wv[a][j], xv[j], acc[a][m]);
           }
         }
       }
     } else {
       for (int kk = part * 32 + lane; kk < K; kk += wpr * 32) {
-        const float wv = widen(w[kk]);
+        float wv[kAcc];
+#pragma unroll
+        for (int a = 0; a < kAcc; ++a) wv[a] = widen(w[a][kk]);
 #pragma unroll
         for (int m = 0; m < kRows; ++m)
-          if (m < M) acc[m] = fmaf(wv, x[int64_t(m) * K + kk], acc[m]);
+          if (m < M)
+#pragma unroll
+            for (int a = 0; a < kAcc; ++a) acc[a][m] = fmaf(wv[a], x[int64_t(m) * K + kk], acc[a][m]);
       }
     }
   }
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     if (m < M) {
-      const float v = warp_sum(acc[m]);
-      if (lane == 0) red[warp][m] = v;
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) {
+        const float v = warp_sum(acc[a][m]);
+        if (lane == 0) red[a][warp][m] = v;
+      }
     }
   }
   __syncthreads();
-  if (n < N && part == 0 && lane < M) {
+  if (n < o.N && part == 0 && lane < M) {
     const int m = lane;
-    float v = 0;
-    for (int p = 0; p < wpr; ++p) v += red[warp + p][m];
-    if (bias) v += bias[n];
-    float* yo = y + int64_t(m) * N + n;
-    *yo = accumulate ? *yo + v : v;
+    float v[kAcc];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) {
+      v[a] = 0;
+      for (int p = 0; p < wpr; ++p) v[a] += red[a][warp + p][m];
+    }
+    float* yo = o.y + int64_t(m) * o.N + n;
+    if (kGlu) {
+      *yo = v[0] / (1.f + expf(-v[0])) * v[kAcc - 1];  // silu_mul_kernel's arithmetic
+    } else {
+      if (o.bias) v[0] += o.bias[n];
+      *yo = o.accumulate ? *yo + v[0] : v[0];
+    }
+  }
+}
+
+// The 16-byte word u (8 fp16/bf16) widened.
+template <class T>
+__device__ __forceinline__ void widen8(const uint4& u, float* o) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      o[2 * i] = f.x; o[2 * i + 1] = f.y;
+    }
+  } else {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      o[2 * i] = f.x; o[2 * i + 1] = f.y;
+    }
+  }
+}
+
+// One input row (a decode step) with 2-byte weights: a warp per output row, each
+// lane kU 16-byte weight loads issued before their multiply-adds (kU x 512 bytes of
+// a row in flight per warp), x read through the read-only cache, one warp reduction
+// and no shared memory or block barrier. The kernel above keeps K split over up to
+// 8 warps with a barrier per block and one load in flight per lane, and reached
+// ~30% of the H200's bandwidth on the 1B shape (docs/CUDA.md, Session 13). Segments
+// and kGlu as above; per row the sum is lane-strided 8-element chunks in order,
+// then the warp's butterfly, whichever segments share the launch.
+constexpr int kRowsPerBlock1 = 4;
+template <class T, bool kGlu>
+__global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs segs, const float* __restrict__ x, int K) {
+  constexpr int kU = 8;
+  constexpr int kAcc = kGlu ? 2 : 1;
+  const int lane = threadIdx.x & 31;
+  int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5), sg = 0;
+  while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
+  const GemvOut& o = segs.o[sg];
+  if (n >= o.N) return;
+  const uint4* w[kAcc];
+  w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(o.W) + int64_t(n) * K);
+  if (kGlu) w[kAcc - 1] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[1].W) + int64_t(n) * K);
+  const float4* xv = reinterpret_cast<const float4*>(x);
+  const int nv = K / 8;  // 16-byte words per weight row
+  float acc[kAcc] = {};
+  for (int v0 = 0; v0 < nv; v0 += 32 * kU) {
+    uint4 raw[kAcc][kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int v = v0 + u * 32 + lane;
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) raw[a][u] = v < nv ? __ldcs(w[a] + v) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int v = v0 + u * 32 + lane;
+      if (v < nv) {
+        const float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int a = 0; a < kAcc; ++a) {
+          float f[8];
+          widen8<T>(raw[a][u], f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[a] = fmaf(f[j], xs[j], acc[a]);
+        }
+      }
+    }
+  }
+  float v[kAcc];
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a) v[a] = warp_sum(acc[a]);
+  if (lane != 0) return;
+  float* yo = o.y + n;
+  if (kGlu) {
+    *yo = v[0] / (1.f + expf(-v[0])) * v[kAcc - 1];  // silu_mul_kernel's arithmetic
+  } else {
+    if (o.bias) v[0] += o.bias[n];
+    *yo = o.accumulate ? *yo + v[0] : v[0];
+  }
+}
+
+// gemv1_kernel with a warp walking rows n, n + W, ... (W = the grid's warps, a few
+// blocks per SM) in chunks of kU words per lane, the next chunk's loads issued before
+// the current one's multiply-adds, so a warp's loads stay in flight across rows (in
+// gemv1_kernel every warp waits for its one row at the same time as the others of its
+// wave). Each row's sum is gemv1_kernel's: the same chunks in the same order per lane,
+// then the warp's butterfly (bit-identical; FusedGemvMatchesSeparateLaunches).
+template <class T, bool kGlu>
+__global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs segs, const float* __restrict__ x,
+                                                                    int K, int N) {
+  constexpr int kU = 8;
+  constexpr int kAcc = kGlu ? 2 : 1;
+  const int lane = threadIdx.x & 31;
+  const int stride = gridDim.x * kRowsPerBlock1;
+  const int nv = K / 8;
+  const float4* xv = reinterpret_cast<const float4*>(x);
+  // Row n (of the launch's concatenated segments) -> its weight rows.
+  const auto rows = [&](int n, const uint4** w) {
+    int sg = 0;
+    while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
+    w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[sg].W) + int64_t(n) * K);
+    if (kGlu) w[kAcc - 1] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[1].W) + int64_t(n) * K);
+  };
+  const auto load = [&](const uint4* const* w, int v0, uint4 (*raw)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int v = v0 + u * 32 + lane;
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) raw[a][u] = v < nv ? __ldcs(w[a] + v) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5), v0 = 0;
+  if (n >= N) return;
+  const uint4* w[kAcc];
+  rows(n, w);
+  uint4 cur[kAcc][kU], next[kAcc][kU];
+  load(w, 0, cur);
+  float acc[kAcc] = {};
+  while (n < N) {
+    // The next chunk: the rest of this row, else the warp's next row.
+    int nn = n, nv0 = v0 + 32 * kU;
+    const uint4* wn[kAcc];
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) wn[a] = w[a];
+    if (nv0 >= nv) {
+      nn = n + stride;
+      nv0 = 0;
+      if (nn < N) rows(nn, wn);
+    }
+    if (nn < N) load(wn, nv0, next);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int v = v0 + u * 32 + lane;
+      if (v < nv) {
+        const float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int a = 0; a < kAcc; ++a) {
+          float f[8];
+          widen8<T>(cur[a][u], f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[a] = fmaf(f[j], xs[j], acc[a]);
+        }
+      }
+    }
+    if (nn != n) {  // row n is complete
+      float v[kAcc];
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) {
+        v[a] = warp_sum(acc[a]);
+        acc[a] = 0;
+      }
+      if (lane == 0) {
+        int r = n, sg = 0;
+        while (sg + 1 < segs.n && r >= segs.o[sg].N) r -= segs.o[sg++].N;
+        const GemvOut& o = segs.o[sg];
+        float* yo = o.y + r;
+        if (kGlu) {
+          *yo = v[0] / (1.f + expf(-v[0])) * v[kAcc - 1];  // silu_mul_kernel's arithmetic
+        } else {
+          if (o.bias) v[0] += o.bias[r];
+          *yo = o.accumulate ? *yo + v[0] : v[0];
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) {
+      w[a] = wn[a];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) cur[a][u] = next[a][u];
+    }
+    n = nn;
+    v0 = nv0;
   }
 }
 
@@ -269,33 +477,92 @@ void embed(Elem e, const void* E, const int32_t* ids, int n, int H, float* x, cu
 }
 
 void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out, cudaStream_t s) {
-  rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, eps, H, out);
+  // Wide rows take 1,024 threads: a decode step's norm is one block, and its time is
+  // the chain of loads per thread (8 at H = 2,048 with 256 threads; ncu: 8.3 us).
+  rmsnorm_kernel<<<n, H >= 2048 ? 1024 : 256, 0, s>>>(x, w, eps, H, out);
 }
 
-template <class T>
-static void gemv_t(const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool acc,
-                   cudaStream_t s) {
+template <class T, bool kGlu>
+static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s) {
+  int N = 0;
+  for (int i = 0; i < segs.n; ++i) N += segs.o[i].N;
   // Enough warps for the whole GPU (~132 SMs x 64 warps): split K over up to 8 warps per row.
   int wpr = 1;
   while (wpr < kWarps && int64_t(N) * wpr < 16384 && K >= wpr * 2 * 256) wpr *= 2;
+  if constexpr (!std::is_same_v<T, float>) {
+    // x 16-byte aligned (float4 loads): the workspace rows are, at K % 8 == 0.
+    // PTLLM_CUDA_GEMV1=0: one row takes the kernel above too (before session 13); =1 gemv1_kernel
+    // (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead).
+    static const int gemv1 = [] {
+      const char* v = std::getenv("PTLLM_CUDA_GEMV1");
+      return v && (v[0] == '0' || v[0] == '1') && v[1] == 0 ? v[0] - '0' : 2;
+    }();
+    static const int n_sm = [] {
+      int d = 0, c = 0;
+      if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess)
+        return 132;
+      return c;
+    }();
+    if (gemv1 && M == 1 && K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      const int blocks = (N + kRowsPerBlock1 - 1) / kRowsPerBlock1;
+      if (gemv1 == 1)
+        gemv1_kernel<T, kGlu><<<blocks, kRowsPerBlock1 * 32, 0, s>>>(segs, x, K);
+      else {
+        // As many blocks as stay resident at once (registers decide: the kGlu kernel holds
+        // two rows' chunks twice), so that every warp walks its rows from the start.
+        static const int per_sm = [] {
+          int b = 0;
+          if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv1p_kernel<T, kGlu>, kRowsPerBlock1 * 32, 0) !=
+                  cudaSuccess ||
+              b < 1)
+            return 4;
+          return b;
+        }();
+        const int cap = per_sm * n_sm;
+        gemv1p_kernel<T, kGlu><<<blocks < cap ? blocks : cap, kRowsPerBlock1 * 32, 0, s>>>(segs, x, K, N);
+      }
+      return;
+    }
+  }
   const int rows_per_block = kWarps / wpr;
   const dim3 grid((N + rows_per_block - 1) / rows_per_block);
   for (int m0 = 0; m0 < M; m0 += kRows) {
     const int m = M - m0 < kRows ? M - m0 : kRows;
+    GemvSegs at = segs;  // the outputs of rows m0..
+    for (int i = 0; i < at.n; ++i) at.o[i].y += int64_t(m0) * at.o[i].N;
     if (K % 8 == 0)
-      gemv_kernel<T, true><<<grid, kWarps * 32, 0, s>>>(static_cast<const T*>(W), x + int64_t(m0) * K, bias,
-                                                        y + int64_t(m0) * N, m, N, K, acc, wpr);
+      gemv_kernel<T, true, kGlu><<<grid, kWarps * 32, 0, s>>>(at, x + int64_t(m0) * K, m, K, wpr);
     else
-      gemv_kernel<T, false><<<grid, kWarps * 32, 0, s>>>(static_cast<const T*>(W), x + int64_t(m0) * K, bias,
-                                                         y + int64_t(m0) * N, m, N, K, acc, wpr);
+      gemv_kernel<T, false, kGlu><<<grid, kWarps * 32, 0, s>>>(at, x + int64_t(m0) * K, m, K, wpr);
   }
+}
+
+template <bool kGlu>
+static void gemv_e(Elem e, const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s) {
+  if (e == Elem::F32) gemv_t<float, kGlu>(segs, x, M, K, s);
+  if (e == Elem::F16) gemv_t<__half, kGlu>(segs, x, M, K, s);
+  if (e == Elem::BF16) gemv_t<__nv_bfloat16, kGlu>(segs, x, M, K, s);
 }
 
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool acc,
           cudaStream_t s) {
-  if (e == Elem::F32) gemv_t<float>(W, x, bias, y, M, N, K, acc, s);
-  if (e == Elem::F16) gemv_t<__half>(W, x, bias, y, M, N, K, acc, s);
-  if (e == Elem::BF16) gemv_t<__nv_bfloat16>(W, x, bias, y, M, N, K, acc, s);
+  GemvSegs segs;
+  segs.o[0] = GemvOut{W, bias, y, N, acc};
+  segs.n = 1;
+  gemv_e<false>(e, segs, x, M, K, s);
+}
+
+void gemv_multi(Elem e, const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s) {
+  gemv_e<false>(e, segs, x, M, K, s);
+}
+
+void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
+                 cudaStream_t s) {
+  GemvSegs segs;
+  segs.o[0] = GemvOut{Wg, nullptr, y, N, false};
+  segs.o[1] = GemvOut{Wu, nullptr, nullptr, N, false};
+  segs.n = 1;  // the grid covers the N gate rows; kGlu reads segment 1's weights alongside
+  gemv_e<true>(e, segs, x, M, K, s);
 }
 
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {

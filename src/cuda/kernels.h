@@ -22,6 +22,25 @@ void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out
 // weight), x [M, K], y [M, N]. Each weight is read once per 8 rows.
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool accumulate,
           cudaStream_t s);
+// Several projections of the same x in one launch: segment i is gemv(e, W, x,
+// bias, y, M, N, K, accumulate) of its own fields (q, k and v of a layer).
+struct GemvOut {
+  const void* W = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int N = 0;
+  bool accumulate = false;
+};
+constexpr int kMaxSegs = 3;
+struct GemvSegs {
+  GemvOut o[kMaxSegs];
+  int n = 0;
+};
+void gemv_multi(Elem e, const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s);
+// y[m, :] = silu(Wg x[m, :]) * (Wu x[m, :]), Wg and Wu [N, K]: the MLP's gate, up and
+// silu_mul in one launch (each weight read once, as two gemv calls would).
+void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
+                 cudaStream_t s);
 // gate[i] = silu(gate[i]) * up[i].
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 // Rotate-half RoPE of x [n, nh, hd] by cs [n, hd] (cos of the hd/2 frequencies, then sin).

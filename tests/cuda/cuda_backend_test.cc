@@ -554,6 +554,110 @@ TEST(CudaBackend, BatchBf16GemmMatchesSingleSteps) {
   std::printf("batch of %d, bf16 weights: bf16 GEMM vs GEMV single steps, max rel logit diff %.2e\n", B, worst);
 }
 
+// The fused GEMV launches (q/k/v as segments of one launch, gate/up/silu as one) against the
+// separate launches they replace, bit for bit: each output row's sum is the same sequence of
+// operations when the launches split K the same way, which holds at these shapes (one row,
+// 2-byte weights: gemv1p_kernel, or gemv1_kernel with PTLLM_CUDA_GEMV1=1, the same sums; more
+// rows: K < 1,024 one warp per row, K >= 2,048 eight for every segment and the whole). K = 93
+// takes the scalar loop, 2,056 a partial chunk.
+// Also against a double-precision reference of the same weights, so that a fused launch that
+// skipped or misplaced a segment cannot pass by matching a wrong separate one.
+TEST(CudaBackend, FusedGemvMatchesSeparateLaunches) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  for (auto e : {cuda::k::Elem::F32, cuda::k::Elem::F16, cuda::k::Elem::BF16})
+    for (int K : {93, 96, 2048, 2056})
+      for (int M : {1, 3, 11}) {
+        SCOPED_TRACE(fmt::format("elem {} K {} M {}", int(e), K, M));
+        const int es = cuda::k::elem_bytes(e);
+        // K = 96: 20,000 rows in segment 0, more than the row-walking kernel's resident warps, so
+        // its warps take several rows each.
+        const int N[3] = {K >= 2048 ? 256 : K == 96 ? 20000 : 70, K >= 2048 ? 64 : 24, K >= 2048 ? 64 : 24};
+        std::vector<float> x(size_t(M * K));
+        for (auto& v : x) v = nd(rng);
+        cuda::DevBuf dx, dwf, dw[3], db[3], dy_sep[3], dy_fused[3];
+        dx.reserve(x.size() * 4);
+        cuda::check(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "copy");
+        std::vector<std::vector<float>> w(3), bias(3), y0(3);
+        for (int i = 0; i < 3; ++i) {
+          w[size_t(i)].resize(size_t(N[i] * K));
+          for (auto& v : w[size_t(i)]) v = nd(rng);
+          bias[size_t(i)].resize(size_t(N[i]));
+          for (auto& v : bias[size_t(i)]) v = nd(rng);
+          y0[size_t(i)].resize(size_t(M * N[i]));
+          for (auto& v : y0[size_t(i)]) v = nd(rng);
+          // Weights in e (rounded on the device), read back so the reference sees the same values.
+          dwf.reserve(w[size_t(i)].size() * 4);
+          dw[i].reserve(w[size_t(i)].size() * size_t(es));
+          cuda::check(cudaMemcpy(dwf.p, w[size_t(i)].data(), w[size_t(i)].size() * 4, cudaMemcpyHostToDevice), "copy");
+          cuda::k::convert(dwf.f(), e, dw[i].p, int64_t(w[size_t(i)].size()), nullptr);
+          db[i].reserve(bias[size_t(i)].size() * 4);
+          cuda::check(cudaMemcpy(db[i].p, bias[size_t(i)].data(), bias[size_t(i)].size() * 4, cudaMemcpyHostToDevice),
+                      "copy");
+          for (auto* d : {&dy_sep[i], &dy_fused[i]}) {
+            d->reserve(y0[size_t(i)].size() * 4);
+            cuda::check(cudaMemcpy(d->p, y0[size_t(i)].data(), y0[size_t(i)].size() * 4, cudaMemcpyHostToDevice), "copy");
+          }
+        }
+        // q with bias, k accumulating, v plain: every epilogue in one launch.
+        const bool acc[3] = {false, true, false};
+        const bool has_bias[3] = {true, false, false};
+        cuda::k::GemvSegs segs;
+        for (int i = 0; i < 3; ++i) {
+          cuda::k::gemv(e, dw[i].p, dx.f(), has_bias[i] ? db[i].f() : nullptr, dy_sep[i].f(), M, N[i], K, acc[i],
+                        nullptr);
+          segs.o[i] = cuda::k::GemvOut{dw[i].p, has_bias[i] ? db[i].f() : nullptr, dy_fused[i].f(), N[i], acc[i]};
+        }
+        segs.n = 3;
+        cuda::k::gemv_multi(e, segs, dx.f(), M, K, nullptr);
+        // SwiGLU with q's weights as both gate and up (silu(a) * a), against its three launches.
+        cuda::DevBuf dg, du, dglu;
+        for (auto* d : {&dg, &du, &dglu}) d->reserve(size_t(M * N[0]) * 4);
+        cuda::k::gemv(e, dw[0].p, dx.f(), nullptr, dg.f(), M, N[0], K, false, nullptr);
+        cuda::k::gemv(e, dw[0].p, dx.f(), nullptr, du.f(), M, N[0], K, false, nullptr);
+        cuda::k::silu_mul(dg.f(), du.f(), int64_t(M) * N[0], nullptr);
+        cuda::k::gemv_swiglu(e, dw[0].p, dw[0].p, dx.f(), dglu.f(), M, N[0], K, nullptr);
+        cuda::check(cudaDeviceSynchronize(), "sync");
+        // The weights as the kernels see them (rounded to e).
+        std::vector<float> wr(size_t(N[0] * K));
+        {
+          cuda::DevBuf back;
+          back.reserve(wr.size() * 4);
+          // Widened by an embedding lookup of every row (E = W0, ids 0..N0-1).
+          std::vector<int32_t> ids(static_cast<size_t>(N[0]));
+          for (int r = 0; r < N[0]; ++r) ids[size_t(r)] = r;
+          cuda::DevBuf dids;
+          dids.reserve(ids.size() * 4);
+          cuda::check(cudaMemcpy(dids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "copy");
+          cuda::k::embed(e, dw[0].p, static_cast<const int32_t*>(dids.p), N[0], K, back.f(), nullptr);
+          cuda::check(cudaMemcpy(wr.data(), back.p, wr.size() * 4, cudaMemcpyDeviceToHost), "copy");
+        }
+        for (int i = 0; i < 3; ++i) {
+          std::vector<float> a(y0[size_t(i)].size()), b(a.size());
+          cuda::check(cudaMemcpy(a.data(), dy_sep[i].p, a.size() * 4, cudaMemcpyDeviceToHost), "copy");
+          cuda::check(cudaMemcpy(b.data(), dy_fused[i].p, b.size() * 4, cudaMemcpyDeviceToHost), "copy");
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "segment " << i;
+          if (i == 0) {  // against double precision (weights as the kernel read them)
+            double worst = 0;
+            for (int m = 0; m < M; ++m)
+              for (int n = 0; n < N[0]; ++n) {
+                double ref = bias[0][size_t(n)], mag = std::fabs(ref);
+                for (int k = 0; k < K; ++k) {
+                  ref += double(wr[size_t(n * K + k)]) * x[size_t(m * K + k)];
+                  mag += std::fabs(double(wr[size_t(n * K + k)]) * x[size_t(m * K + k)]);
+                }
+                worst = std::max(worst, std::fabs(b[size_t(m * N[0] + n)] - ref) / mag);
+              }
+            EXPECT_LE(worst, 1e-6) << "fp32 sums of the widened weights";
+          }
+        }
+        std::vector<float> a(size_t(M * N[0])), b(a.size());
+        cuda::check(cudaMemcpy(a.data(), dg.p, a.size() * 4, cudaMemcpyDeviceToHost), "copy");
+        cuda::check(cudaMemcpy(b.data(), dglu.p, b.size() * 4, cudaMemcpyDeviceToHost), "copy");
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "gemv_swiglu vs gemv, gemv, silu_mul";
+      }
+}
+
 // bf16 RNE on the host (the GEMM's input rounding), for the reference below.
 float bf16_round(float x, uint16_t* bits) {
   uint32_t u;
