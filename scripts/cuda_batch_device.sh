@@ -12,13 +12,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-all}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
-ln -sfn "$PWD/shared-lite" /tmp/ptllm-shared-lite
-. "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH
-echo "cuBLAS: ${CUB:-none found}"; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-if ! $B/posttrainllm --help >/dev/null 2>&1; then
-  echo "prebuilt binaries do not run here"; ldd $B/posttrainllm | grep "not found"; exit 1
-fi
+. "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH, device_preamble
+device_preamble
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 if [ "$PART" != bench ]; then
   echo "== tests (defaults: cuBLAS from 16 rows, batched attention launches from 2 sequences)"
   timeout 240 $B/cuda_backend_test --gtest_color=no 2>&1 | grep -v "^\[ RUN\|Google Test trace" |

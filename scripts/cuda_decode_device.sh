@@ -10,13 +10,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-all}; ROUNDS=${ROUNDS:-3}; N=${N:-128}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
-ln -sfn "$PWD/shared-lite" /tmp/ptllm-shared-lite
-. "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH
-echo "cuBLAS: ${CUB:-none found}"
-if ! $B/posttrainllm --help >/dev/null 2>&1; then
-  echo "prebuilt binaries do not run here"; ldd $B/posttrainllm | grep "not found"; exit 1
-fi
+. "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH, device_preamble
+device_preamble
 if [ "$PART" != bench ]; then
   echo "== tests (defaults: fused GEMV launches)"
   timeout 300 $B/cuda_backend_test --gtest_color=no 2>&1 | grep -v "^\[ RUN\|Google Test trace" |
@@ -25,8 +20,8 @@ if [ "$PART" != bench ]; then
   PTLLM_CUDA_FUSE=0 timeout 200 $B/cuda_backend_test --gtest_color=no \
     --gtest_filter='*Stories260K*:*Llama*:*Qwen*:*Mistral*:*TinyGpt*:*Batch*' 2>&1 |
     grep -v "^\[ RUN\|Google Test trace" | tee "$OUT/tests_unfused.txt" | grep -v "^\[       OK\|^$"
-  echo "== the one-row GEMV tests with PTLLM_CUDA_GEMV1=1 (a warp per row) and 0 (the old kernel)"
-  for g in 1 0; do
+  echo "== the one-row GEMV tests with PTLLM_CUDA_GEMV1=1 (a warp per row), 3 (by row count) and 0 (the old kernel)"
+  for g in 1 3 0; do
     PTLLM_CUDA_GEMV1=$g timeout 200 $B/cuda_backend_test --gtest_color=no \
       --gtest_filter='*FusedGemv*:*Stories260K*:*Qwen*:*BatchKiviHeadDim64*' 2>&1 |
       grep -v "^\[ RUN\|Google Test trace" | sed "s/^/PTLLM_CUDA_GEMV1=$g: /" | tee -a "$OUT/tests_gemv1.txt" |
@@ -43,11 +38,14 @@ fi
 [ "$PART" = tests ] && exit 0
 # Variants (PTLLM_CUDA_FUSE, PTLLM_CUDA_GEMV1, PTLLM_CUDA_PINNED): 0 0 0 = before session 13;
 # 1 0 0 = fused launches; 1 1 1 = and the one-row GEMV kernel (a warp per row) and the logits
-# through page-locked memory; 1 2 1 = the row-walking GEMV kernel instead (the default).
+# through page-locked memory; 1 2 1 = the row-walking GEMV kernel instead (the default); 1 3 1 =
+# a warp per row where the rows fit the resident warps, row-walking above. VARIANTS overrides
+# the list (e.g. VARIANTS='"1 1 1" "1 3 1"'; eval'd).
 echo "== Llama-3.2-1B shape, bf16, batch 1: the variants alternated ($ROUNDS rounds)"
 $B/posttrainllm make-random /tmp/l1b.gguf --preset llama-3.2-1b --type bf16 2>&1 | tail -1
 for round in $(seq "$ROUNDS"); do
-  for v in "0 0 0" "1 0 0" "1 1 1" "1 2 1"; do
+  eval "set -- ${VARIANTS:-\"0 0 0\" \"1 0 0\" \"1 1 1\" \"1 2 1\"}"
+  for v in "$@"; do
     set -- $v
     r=$(PTLLM_CUDA_FUSE=$1 PTLLM_CUDA_GEMV1=$2 PTLLM_CUDA_PINNED=$3 timeout 100 $B/posttrainllm bench /tmp/l1b.gguf --device cuda \
         --kv-quantize fp16 -p 0 -n "$N" -r 3 -d 0 --json 2>&1 | tr -d '\n')

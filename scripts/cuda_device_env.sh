@@ -2,7 +2,7 @@
 # folder holding prebuilt/ (posttrainllm and the test binaries; lib.tar.gz: the .so files
 # the device lacks): unpacks prebuilt/lib, finds a cuBLAS for the GEMM path (loaded at
 # run time: the toolkit's, else the one PyTorch's wheels bring) and sets B, CUB,
-# PTLLM_CUBLAS and LD_LIBRARY_PATH.
+# PTLLM_CUBLAS and LD_LIBRARY_PATH; device_preamble for the scripts that run tests.
 B=prebuilt
 [ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
 CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)
@@ -13,3 +13,13 @@ for v in 13 12; do
 done
 [ -n "$CUB" ] && export PTLLM_CUBLAS=$CUB
 export LD_LIBRARY_PATH=$PWD/$B/lib:${CUB:+$(dirname "$CUB"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# What every device script does first: the GPU into $OUT/gpu.txt, the lite shared folder where
+# the test binaries were built to look for it, and whether the prebuilt binaries run here.
+device_preamble() {
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv | tee "$OUT/gpu.txt"
+  ln -sfn "$PWD/shared-lite" /tmp/ptllm-shared-lite
+  echo "cuBLAS: ${CUB:-none found}"
+  if ! $B/posttrainllm --help >/dev/null 2>&1; then
+    echo "prebuilt binaries do not run here"; ldd $B/posttrainllm | grep "not found"; exit 1
+  fi
+}

@@ -146,6 +146,41 @@ __device__ __forceinline__ void widen8(const uint4& u, float* o) {
   }
 }
 
+// One chunk of kU 16-byte words per lane (words v0 + 32u + lane of a weight row, in raw)
+// into acc: 8-element FMA chains per word in order, x widened from fp32 pairs of float4.
+template <class T, int kAcc, int kU>
+__device__ __forceinline__ void gemv_chunk(const uint4 (*raw)[kU], const float4* __restrict__ xv, int v0, int nv,
+                                           float* acc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int v = v0 + u * 32 + lane;
+    if (v < nv) {
+      const float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
+      const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) {
+        float f[8];
+        widen8<T>(raw[a][u], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[a] = fmaf(f[j], xs[j], acc[a]);
+      }
+    }
+  }
+}
+
+// Output row n of segment o from its sums v (kGlu: v[0] the gate's, v[1] the up's).
+template <bool kGlu>
+__device__ __forceinline__ void gemv_store(const GemvOut& o, int n, float* v) {
+  float* yo = o.y + n;
+  if (kGlu) {
+    *yo = v[0] / (1.f + expf(-v[0])) * v[1];  // silu_mul_kernel's arithmetic
+  } else {
+    if (o.bias) v[0] += o.bias[n];
+    *yo = o.accumulate ? *yo + v[0] : v[0];
+  }
+}
+
 // One input row (a decode step) with 2-byte weights: a warp per output row, each
 // lane kU 16-byte weight loads issued before their multiply-adds (kU x 512 bytes of
 // a row in flight per warp), x read through the read-only cache, one warp reduction
@@ -178,33 +213,12 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs seg
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) raw[a][u] = v < nv ? __ldcs(w[a] + v) : make_uint4(0, 0, 0, 0);
     }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int v = v0 + u * 32 + lane;
-      if (v < nv) {
-        const float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
-        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-        for (int a = 0; a < kAcc; ++a) {
-          float f[8];
-          widen8<T>(raw[a][u], f);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[a] = fmaf(f[j], xs[j], acc[a]);
-        }
-      }
-    }
+    gemv_chunk<T, kAcc, kU>(raw, xv, v0, nv, acc);
   }
-  float v[kAcc];
+  float v[2];
 #pragma unroll
   for (int a = 0; a < kAcc; ++a) v[a] = warp_sum(acc[a]);
-  if (lane != 0) return;
-  float* yo = o.y + n;
-  if (kGlu) {
-    *yo = v[0] / (1.f + expf(-v[0])) * v[kAcc - 1];  // silu_mul_kernel's arithmetic
-  } else {
-    if (o.bias) v[0] += o.bias[n];
-    *yo = o.accumulate ? *yo + v[0] : v[0];
-  }
+  if (lane == 0) gemv_store<kGlu>(o, n, v);
 }
 
 // gemv1_kernel with a warp walking rows n, n + W, ... (W = the grid's warps, a few
@@ -256,23 +270,9 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
       if (nn < N) rows(nn, wn);
     }
     if (nn < N) load(wn, nv0, next);
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int v = v0 + u * 32 + lane;
-      if (v < nv) {
-        const float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
-        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-        for (int a = 0; a < kAcc; ++a) {
-          float f[8];
-          widen8<T>(cur[a][u], f);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[a] = fmaf(f[j], xs[j], acc[a]);
-        }
-      }
-    }
+    gemv_chunk<T, kAcc, kU>(cur, xv, v0, nv, acc);
     if (nn != n) {  // row n is complete
-      float v[kAcc];
+      float v[2];
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) {
         v[a] = warp_sum(acc[a]);
@@ -281,14 +281,7 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
       if (lane == 0) {
         int r = n, sg = 0;
         while (sg + 1 < segs.n && r >= segs.o[sg].N) r -= segs.o[sg++].N;
-        const GemvOut& o = segs.o[sg];
-        float* yo = o.y + r;
-        if (kGlu) {
-          *yo = v[0] / (1.f + expf(-v[0])) * v[kAcc - 1];  // silu_mul_kernel's arithmetic
-        } else {
-          if (o.bias) v[0] += o.bias[r];
-          *yo = o.accumulate ? *yo + v[0] : v[0];
-        }
+        gemv_store<kGlu>(segs.o[sg], r, v);
       }
     }
 #pragma unroll
@@ -482,6 +475,15 @@ void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out
   rmsnorm_kernel<<<n, H >= 2048 ? 1024 : 256, 0, s>>>(x, w, eps, H, out);
 }
 
+// Blocks of `threads` of `kernel` that stay resident on one SM at once (4 if the runtime
+// cannot tell).
+template <class Kernel>
+static int resident_blocks(Kernel kernel, int threads) {
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, 0) != cudaSuccess || b < 1) return 4;
+  return b;
+}
+
 template <class T, bool kGlu>
 static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s) {
   int N = 0;
@@ -492,10 +494,11 @@ static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStrea
   if constexpr (!std::is_same_v<T, float>) {
     // x 16-byte aligned (float4 loads): the workspace rows are, at K % 8 == 0.
     // PTLLM_CUDA_GEMV1=0: one row takes the kernel above too (before session 13); =1 gemv1_kernel
-    // (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead).
+    // (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead); =3
+    // gemv1_kernel when every row has a warp of its own, gemv1p_kernel for more rows.
     static const int gemv1 = [] {
       const char* v = std::getenv("PTLLM_CUDA_GEMV1");
-      return v && (v[0] == '0' || v[0] == '1') && v[1] == 0 ? v[0] - '0' : 2;
+      return v && v[0] >= '0' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 2;
     }();
     static const int n_sm = [] {
       int d = 0, c = 0;
@@ -505,19 +508,13 @@ static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStrea
     }();
     if (gemv1 && M == 1 && K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
       const int blocks = (N + kRowsPerBlock1 - 1) / kRowsPerBlock1;
-      if (gemv1 == 1)
+      static const int per_sm1 = resident_blocks(gemv1_kernel<T, kGlu>, kRowsPerBlock1 * 32);
+      if (gemv1 == 1 || (gemv1 == 3 && blocks <= per_sm1 * n_sm))
         gemv1_kernel<T, kGlu><<<blocks, kRowsPerBlock1 * 32, 0, s>>>(segs, x, K);
       else {
         // As many blocks as stay resident at once (registers decide: the kGlu kernel holds
         // two rows' chunks twice), so that every warp walks its rows from the start.
-        static const int per_sm = [] {
-          int b = 0;
-          if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv1p_kernel<T, kGlu>, kRowsPerBlock1 * 32, 0) !=
-                  cudaSuccess ||
-              b < 1)
-            return 4;
-          return b;
-        }();
+        static const int per_sm = resident_blocks(gemv1p_kernel<T, kGlu>, kRowsPerBlock1 * 32);
         const int cap = per_sm * n_sm;
         gemv1p_kernel<T, kGlu><<<blocks < cap ? blocks : cap, kRowsPerBlock1 * 32, 0, s>>>(segs, x, K, N);
       }
