@@ -494,11 +494,13 @@ static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStrea
   if constexpr (!std::is_same_v<T, float>) {
     // x 16-byte aligned (float4 loads): the workspace rows are, at K % 8 == 0.
     // PTLLM_CUDA_GEMV1=0: one row takes the kernel above too (before session 13); =1 gemv1_kernel
-    // (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead); =3
-    // gemv1_kernel when every row has a warp of its own, gemv1p_kernel for more rows.
+    // (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead); =3, the
+    // default: gemv1_kernel when every row has a resident warp of its own, gemv1p_kernel for
+    // more rows (the 1B shape on the H200: 587-592 tok/s against 570-579 with =2 and 542-554
+    // with =1, alternated in one call; docs/CUDA.md, Session 13).
     static const int gemv1 = [] {
       const char* v = std::getenv("PTLLM_CUDA_GEMV1");
-      return v && v[0] >= '0' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 2;
+      return v && v[0] >= '0' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 3;
     }();
     static const int n_sm = [] {
       int d = 0, c = 0;
