@@ -41,6 +41,25 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
   for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
+// The segment of a launch's concatenated output row n; n becomes the row within it.
+__device__ __forceinline__ const GemvOut& seg_of(const GemvSegs& segs, int& n) {
+  int sg = 0;
+  while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
+  return segs.o[sg];
+}
+
+// Output row n of segment o from its sums v (kGlu: v[0] the gate's, v[1] the up's).
+template <bool kGlu>
+__device__ __forceinline__ void gemv_store(const GemvOut& o, int n, float* v) {
+  float* yo = o.y + n;
+  if (kGlu) {
+    *yo = v[0] / (1.f + expf(-v[0])) * v[1];  // silu_mul_kernel's arithmetic
+  } else {
+    if (o.bias) v[0] += o.bias[n];
+    *yo = o.accumulate ? *yo + v[0] : v[0];
+  }
+}
+
 // wpr warps per output row n (wpr in 1, 2, 4, 8: several when N is small, so
 // that a short projection still fills the GPU), up to 8 input rows: the weight
 // row is streamed once (16-byte loads), each warp a strided share of K, and
@@ -57,9 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
                                                            int wpr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int part = warp % wpr;
-  int n = blockIdx.x * (kWarps / wpr) + warp / wpr, sg = 0;
-  while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
-  const GemvOut& o = segs.o[sg];
+  int n = blockIdx.x * (kWarps / wpr) + warp / wpr;
+  const GemvOut& o = seg_of(segs, n);
   constexpr int kAcc = kGlu ? 2 : 1;
   __shared__ float red[kAcc][kWarps][kRows];
   float acc[kAcc][kRows] = {};
@@ -110,39 +128,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
   __syncthreads();
   if (n < o.N && part == 0 && lane < M) {
     const int m = lane;
-    float v[kAcc];
+    float v[2];
 #pragma unroll
     for (int a = 0; a < kAcc; ++a) {
       v[a] = 0;
       for (int p = 0; p < wpr; ++p) v[a] += red[a][warp + p][m];
     }
-    float* yo = o.y + int64_t(m) * o.N + n;
-    if (kGlu) {
-      *yo = v[0] / (1.f + expf(-v[0])) * v[kAcc - 1];  // silu_mul_kernel's arithmetic
-    } else {
-      if (o.bias) v[0] += o.bias[n];
-      *yo = o.accumulate ? *yo + v[0] : v[0];
-    }
-  }
-}
-
-// The 16-byte word u (8 fp16/bf16) widened.
-template <class T>
-__device__ __forceinline__ void widen8(const uint4& u, float* o) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(h[i]);
-      o[2 * i] = f.x; o[2 * i + 1] = f.y;
-    }
-  } else {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      o[2 * i] = f.x; o[2 * i + 1] = f.y;
-    }
+    GemvOut om = o;  // input row m's outputs
+    om.y += int64_t(m) * o.N;
+    gemv_store<kGlu>(om, n, v);
   }
 }
 
@@ -169,18 +163,6 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (*raw)[kU], const float4*
   }
 }
 
-// Output row n of segment o from its sums v (kGlu: v[0] the gate's, v[1] the up's).
-template <bool kGlu>
-__device__ __forceinline__ void gemv_store(const GemvOut& o, int n, float* v) {
-  float* yo = o.y + n;
-  if (kGlu) {
-    *yo = v[0] / (1.f + expf(-v[0])) * v[1];  // silu_mul_kernel's arithmetic
-  } else {
-    if (o.bias) v[0] += o.bias[n];
-    *yo = o.accumulate ? *yo + v[0] : v[0];
-  }
-}
-
 // One input row (a decode step) with 2-byte weights: a warp per output row, each
 // lane kU 16-byte weight loads issued before their multiply-adds (kU x 512 bytes of
 // a row in flight per warp), x read through the read-only cache, one warp reduction
@@ -195,9 +177,8 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs seg
   constexpr int kU = 8;
   constexpr int kAcc = kGlu ? 2 : 1;
   const int lane = threadIdx.x & 31;
-  int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5), sg = 0;
-  while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
-  const GemvOut& o = segs.o[sg];
+  int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5);
+  const GemvOut& o = seg_of(segs, n);
   if (n >= o.N) return;
   const uint4* w[kAcc];
   w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(o.W) + int64_t(n) * K);
@@ -238,9 +219,7 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
   const float4* xv = reinterpret_cast<const float4*>(x);
   // Row n (of the launch's concatenated segments) -> its weight rows.
   const auto rows = [&](int n, const uint4** w) {
-    int sg = 0;
-    while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
-    w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[sg].W) + int64_t(n) * K);
+    w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(seg_of(segs, n).W) + int64_t(n) * K);
     if (kGlu) w[kAcc - 1] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[1].W) + int64_t(n) * K);
   };
   const auto load = [&](const uint4* const* w, int v0, uint4 (*raw)[kU]) {
@@ -279,9 +258,9 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
         acc[a] = 0;
       }
       if (lane == 0) {
-        int r = n, sg = 0;
-        while (sg + 1 < segs.n && r >= segs.o[sg].N) r -= segs.o[sg++].N;
-        gemv_store<kGlu>(segs.o[sg], r, v);
+        int r = n;
+        const GemvOut& o = seg_of(segs, r);
+        gemv_store<kGlu>(o, r, v);
       }
     }
 #pragma unroll
