@@ -1,10 +1,12 @@
 # Sourced by the device scripts (cuda_batch_device.sh, cuda_serve_device.sh), run from a
-# folder holding prebuilt/ (posttrainllm and the test binaries; lib.tar.gz: the .so files
-# the device lacks): unpacks prebuilt/lib, finds a cuBLAS for the GEMM path (loaded at
-# run time: the toolkit's, else the one PyTorch's wheels bring) and sets B, CUB,
-# PTLLM_CUBLAS and LD_LIBRARY_PATH; device_preamble for the scripts that run tests.
+# folder holding prebuilt/ (posttrainllm and the test binaries, or bin.tar.xz of them;
+# lib.tar.gz: the .so files the device lacks): unpacks them, finds a cuBLAS for the GEMM
+# path (loaded at run time: the toolkit's, else the one PyTorch's wheels bring) and sets
+# B, CUB, PTLLM_CUBLAS and LD_LIBRARY_PATH; device_preamble for the scripts that run tests.
 B=prebuilt
 [ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
+# The binaries may travel packed too (bin.tar.xz: the carried folder is limited to 64 MiB).
+[ -f $B/bin.tar.xz ] && [ ! -x $B/posttrainllm ] && tar xJf $B/bin.tar.xz -C $B
 CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)
 SITES="$(python3 -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null) /usr/local/lib /opt"
 for v in 13 12; do

@@ -6,10 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
+#include "cuda/probe.h"
 
 namespace ptllm::cuda {
 namespace {
@@ -383,18 +385,62 @@ int env_int(const char* name, int dflt) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : dflt;
 }
+
+std::atomic<int> g_kind{-1}, g_nt{-1};  // testing::set_kivi_decode
 }  // namespace
 
+namespace testing {
+void set_kivi_decode(const KiviDecodeOverride& o) {
+  g_kind = o.kind;
+  g_nt = o.tiles_per_split;
+}
+}  // namespace testing
+
 namespace k {
-KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh) {
-  static const int cap_kind = env_int("PTLLM_CUDA_KIVI_DEC", 1);  // 0: the general kernel always
+KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, Elem re, int bits, int64_t max_len, int64_t B) {
+  // PTLLM_CUDA_KIVI_DEC: 0 the general kernel always, 1 / 2 that kind, unset: by shape (kernels.h).
+  static const int env_kind = env_int("PTLLM_CUDA_KIVI_DEC", -1);
+  static const int env_nt = env_int("PTLLM_CUDA_KIVI_NT", 0);
+  static const int n_sm = [] {
+    int d = 0, c = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess)
+      return 132;
+    return c;
+  }();
+  const int kind = g_kind >= 0 ? g_kind.load() : env_kind;
+  const int want_nt = g_nt > 0 ? g_nt.load() : env_nt;
   KiviDecPlan p;
   p.chunk = kivi_chunk(1);
   const int grp = kvh > 0 ? nh / kvh : 0;
   const bool shape = kvh > 0 && nh % kvh == 0 && (hd == 64 || hd == 128) && (grp == 1 || grp == 2 || grp == 4 || grp == 8);
-  if (!shape || cap_kind <= 0) return p;
+  if (!shape || kind == 0) return p;
   p.kind = 1;
   p.chunk = kKiviDecChunk;
+  // Blocks of the tiled kernel the GPU holds at once, per (storage, bits, head_dim, group).
+  static std::atomic<int> resident_of[3][3][2][4];  // 0: not asked yet
+  const int ie = re == Elem::F32 ? 0 : re == Elem::F16 ? 1 : 2, ib = bits == 8 ? 0 : bits == 4 ? 1 : 2;
+  const int ig = grp == 1 ? 0 : grp == 2 ? 1 : grp == 4 ? 2 : 3;
+  std::atomic<int>& slot = resident_of[ie][ib][hd == 128][ig];
+  if (slot == 0) slot = std::max(1, kivi_tile_blocks_per_sm(re, bits, hd, grp)) * n_sm;
+  const int64_t resident = slot;
+  const int64_t tiles = (std::max<int64_t>(max_len, 1) + kKiviDecChunk - 1) / kKiviDecChunk;
+  const int64_t units = tiles * kvh * std::max<int64_t>(B, 1);  // one-tile blocks
+  if (kind == 1 || (kind != 2 && (bits == 8 || units < 2 * resident))) return p;
+  int64_t nt = want_nt;
+  if (nt <= 0) {
+    int64_t best = -1;
+    for (int64_t t = 2; t <= 32; ++t) {
+      const int64_t blocks = (tiles + t - 1) / t * kvh * std::max<int64_t>(B, 1);
+      if (blocks < resident && best > 0) break;  // fewer blocks than the GPU holds: SMs idle
+      const int64_t cost = (blocks + resident - 1) / resident * t;
+      if (best < 0 || cost <= best) {
+        best = cost;
+        nt = t;
+      }
+    }
+  }
+  p.kind = 2;
+  p.chunk = int(std::max<int64_t>(nt, 1)) * kKiviDecChunk;
   return p;
 }
 }  // namespace k
@@ -426,7 +472,7 @@ void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first
     g->max_len = std::max(g->max_len, first[b] + 1);
   }
   for (Group& g : groups_) {
-    if (g.kivi) g.plan = k::kivi_dec_plan(hd_, nh, kvh_);
+    if (g.kivi) g.plan = k::kivi_dec_plan(hd_, nh, kvh_, g.e, g.bits, g.max_len, int64_t(g.seqs.size()));
     const int64_t chunk = g.kivi ? g.plan.chunk : 256;
     g.S = int((g.max_len + chunk - 1) / chunk);
   }

@@ -143,16 +143,30 @@ struct AppendKiviB {
 };
 void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream_t s);
 // How a decode step (one query per sequence) over KIVI caches is split and which
-// kernel runs it: kind 0 the general kernel (64-slot splits), 1 the session-7
-// lanes-over-slots kernel (128-slot splits; head_dim 64 / 128 and 1, 2, 4 or 8 query
-// heads per KV head). PTLLM_CUDA_KIVI_DEC=0 takes the general kernel for every shape.
-// (Session 8's two-slots-per-thread kind 2 measured slower and was removed in session 9:
-// docs/CUDA.md.) (kivi_dec_plan is host code in gpu_cache.cc.)
+// kernel runs it (head_dim 64 / 128 and 1, 2, 4 or 8 query heads per KV head; other
+// shapes take kind 0, the general kernel with 64-slot splits):
+//   kind 2: attend_kivi_tile_kernel, splits of chunk = NT x kKiviDecChunk slots walked
+//     a tile at a time with an online softmax.
+//   kind 1: the session-7 kernel, one 128-slot split per block.
+// By default (docs/CUDA.md, Session 14) kind 2 for int4 and int2 where the launch has
+// at least two waves of one-tile blocks (a long sequence, a large batch), with the NT
+// in [2, 32] that needs the fewest tile-times (waves of resident blocks x NT; on a tie
+// the larger NT, and at least one full wave of blocks); else kind 1, which is faster
+// per tile (72 registers against 168, so more blocks per SM: at 8K stored tokens, one
+// sequence, 44 us against 48-55 on the H200; int8 at 32K 123 us against 145-158).
+// PTLLM_CUDA_KIVI_DEC=1 or 2 forces
+// that kind, 0 the general kernel for every shape; PTLLM_CUDA_KIVI_NT sets NT;
+// PTLLM_CUDA_KIVI_MINB=4 caps the tiled kernel at 128 registers (an experiment).
+// (Session 8's two-slots-per-thread kernel measured slower and was removed in
+// session 9: docs/CUDA.md.) max_len: the longest sequence of the launch (slots its
+// query sees), B its sequences. (kivi_dec_plan is host code in gpu_cache.cc.)
 struct KiviDecPlan {
   int kind = 0, chunk = 64;
 };
-KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh);
-constexpr int kKiviDecChunk = 128;  // kind 1: slots per split (one per thread)
+KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, Elem re, int bits, int64_t max_len, int64_t B);
+// Blocks of the tiled kernel one SM holds for these keys (0: not that kernel's shape).
+int kivi_tile_blocks_per_sm(Elem re, int bits, int hd, int grp);
+constexpr int kKiviDecChunk = 128;  // kinds 1 and 2: slots per tile (one per thread)
 int kivi_chunk(int n);  // the general kernel's slots per split for n queries
 // S counts splits of plan.chunk slots (plan from kivi_dec_plan over the launch's sequences).
 void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, const KiviDecPlan& plan, Elem re,

@@ -3,6 +3,7 @@
 // the packed codes + residual + sinks. Shapes: kernels.h.
 #include "cuda/kernels_common.cuh"
 
+#include <cstdlib>
 #include <type_traits>
 
 namespace ptllm::cuda::k {
@@ -550,6 +551,306 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a
   }
 }
 
+// ---- The tiled decode kernel (kind 2; Session 14) ----
+// The session-7 kernel above runs one 128-slot split per block. At 32K stored tokens
+// (8B shape, int4) it reached 7.3% of the H200's bandwidth: a combine over 257 splits
+// took a quarter of the time, each thread's V words arrived one dependent load after
+// another with nothing else in flight, and every KV head's block read its slots' own
+// slot-table columns (512 bytes per slot, 8x the int4 K codes, once per KV head).
+// Here block (KV head h, split s, sequence) walks the split's tiles of C slots, one
+// slot per thread as above, with
+//  - an online softmax over the tiles (running max m, sum l; the V sums rescaled by
+//    exp(m_old - m_new) per tile), so a split covers many tiles (plan.chunk = NT x C
+//    slots) and the combine merges a few splits instead of hundreds;
+//  - the next tile's K and V code rows and V (scale, zero) words copied to shared
+//    memory (cp.async, two buffers) while the current tile is computed: every tile's
+//    bytes are in flight together instead of one word per thread at a time;
+//  - each slot turned by its own slot-table column, as kind 1 (Session 14 also tried
+//    turning the tile's queries back by the tile start and every slot by column
+//    t - b0, so that all blocks read the table's first columns: within 2% at 32K,
+//    and not the CPU's fp32-rounded angles, so it was not kept).
+// Measured (H200, int4, 8B shape's layer at 32K stored tokens, L2 cold): 98 us against
+// kind 1's 126 (ncu: kernel 79 against 93 us, combine 15.7 against 33.9 us). The
+// kernel is still bound by latency, not bandwidth: 168 registers leave 3 blocks (12
+// warps) per SM, and each thread's 64 channel pairs run as one chain (docs/CUDA.md).
+template <int R>  // code bytes per row -> shared-memory row stride (16-byte reads of 8 rows spread over the banks)
+constexpr int code_stride() { return (R / 16 + 1) % 2 == 0 ? R + 32 : R + 16; }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Shared memory of attend_kivi_tile_kernel, in bytes (each part a multiple of 16).
+template <int BITS, int HD, int GRP>
+struct TileSmem {
+  static constexpr int C = kDecChunk, R = HD * BITS / 8, RS = code_stride<R>();
+  static constexpr int TPR = HD / 8, SL = C / TPR;  // V: threads per row (8 channels each), slot lanes
+  static constexpr int kBuf = 2 * C * RS + C * 4;  // one tile: K rows, V rows [C][RS], V words [C]
+  static constexpr int kVred = SL * GRP * HD * 4;  // [SL][GRP][HD] V sums, after the last tile
+  static constexpr int kU = 2 * kBuf > kVred ? 2 * kBuf : kVred;
+  static constexpr int kQs = 2 * (HD / 2) * 16 * 4;  // [2 runs][half][16] turned queries (rot_dot's layout)
+  static constexpr int kP = GRP * C * 4;           // [GRP][C] scores, then exp
+  static constexpr int kMl = GRP * 4 * 4;          // [GRP][4] running max, sum, this tile's rescale
+  static constexpr int bytes = kU + kQs + kP + kMl;
+};
+
+// MINB: __launch_bounds__' blocks per SM (1: up to 255 registers; 4: at most 128, with
+// spills). PTLLM_CUDA_KIVI_MINB=4 picks the second, an experiment of Session 14: on the
+// H200 one sequence at 32K took 115 us against 103, batch 64 x 8K decoded 8-14% faster.
+template <class T, int BITS, int HD, int GRP, int MINB = 1>
+__global__ void __launch_bounds__(kDecChunk, MINB) attend_kivi_tile_kernel(AttendKivi a1, const AttendKivi* as,
+                                                                           int chunk) {
+  using L = TileSmem<BITS, HD, GRP>;
+  constexpr int half = HD / 2, C = kDecChunk, R = L::R, RS = L::RS, TPR = L::TPR, SL = L::SL;
+  const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
+  extern __shared__ __align__(16) unsigned char smb[];
+  float* vred = reinterpret_cast<float*>(smb);  // aliases the tile buffers after the last tile
+  float* qs = reinterpret_cast<float*>(smb + L::kU);
+  float* p = qs + 2 * half * 16;
+  float* ml = p + GRP * C;
+  const KiviLayer& c = a.c;
+  const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, S = gridDim.y;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int li = a.first + 1;  // slots the query sees
+  const int s0 = s * chunk, s1 = min(s0 + chunk, li);
+  const auto part_of = [&](int g) { return a.part + ((int64_t(h) * GRP + g) * S + s) * (HD + 2); };
+  if (s0 >= s1) {
+    if (tid < GRP) {
+      float* pt = part_of(tid);
+      pt[0] = -INFINITY;
+      pt[1] = 0;
+    }
+    return;
+  }
+  const int ns = c.n_sink, qe = ns + c.n_quant;
+  const KiviHeadRows<T> hr(c, h);
+  // Tile [b0, b1)'s quantised rows (slots [max(b0, ns), min(b1, qe))) into buffer bi.
+  const auto fetch = [&](int b0, int b1, int bi) {
+    unsigned char* kb = smb + bi * L::kBuf;
+    unsigned char* vb = kb + C * RS;
+    unsigned char* pb = vb + C * RS;
+    const int t0 = min(max(b0, ns), b1), n = min(max(b0, qe), b1) - t0;
+    constexpr int P = R / 16;  // 16-byte pieces per row
+    for (int e = tid; e < n * P; e += C) {
+      const int r = e / P, pc = e % P, t = t0 + r;
+      const int64_t prow = (c.qstart + t - ns) % c.cap;
+      cp_async16(kb + (t - b0) * RS + pc * 16, hr.kcodes + prow * c.row + pc * 16);
+      cp_async16(vb + (t - b0) * RS + pc * 16, hr.vcodes + prow * c.row + pc * 16);
+    }
+    for (int r = tid; r < n; r += C) {
+      const int t = t0 + r;
+      cp_async4(pb + (t - b0) * 4, hr.vpar + int64_t((c.qstart + t - ns) % c.cap) * 2);
+    }
+    cp_async_commit();
+  };
+  fetch(s0, min(s0 + C, s1), 0);
+  // The GRP queries of KV head h turned by their own angle for slots < run_split (A) and the others (B),
+  // in rot_dot's layout, as kind 1.
+  for (int e = tid; e < GRP * half; e += C) {
+    const int g = e / half, j = e % half;
+    const float* q = a.q + (int64_t(h) * GRP + g) * HD;
+    const float* qc = a.qcs;
+    const float x0 = q[j], x1 = q[j + half];
+    float* A = qs + j * 16;
+    float* B = qs + (half + j) * 16;
+    A[g] = x0 * qc[j] - x1 * qc[half + j];
+    A[8 + g] = x1 * qc[j] + x0 * qc[half + j];
+    B[g] = x0 * qc[HD + j] - x1 * qc[HD + half + j];
+    B[8 + g] = x1 * qc[HD + j] + x0 * qc[HD + half + j];
+  }
+  if (tid < GRP) {
+    ml[4 * tid] = -INFINITY;
+    ml[4 * tid + 1] = 0.f;
+  }
+  const float2* kcs2 = reinterpret_cast<const float2*>(a.kcs);  // [hd/2, cap] (cos, sin)
+  const int cw = tid % TPR, sl = tid / TPR;  // V: channels cw*8.., slots b0+sl, +SL, ...
+  float o[GRP][8], bz[GRP];
+#pragma unroll
+  for (int g = 0; g < GRP; ++g) {
+    bz[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+  }
+  __syncthreads();
+  const int nt = (s1 - s0 + C - 1) / C;
+  for (int it = 0; it < nt; ++it) {
+    const int b0 = s0 + it * C, b1 = min(b0 + C, s1), len = b1 - b0;
+    if (it + 1 < nt) {
+      fetch(b0 + C, min(b0 + 2 * C, s1), (it + 1) & 1);
+      cp_async_wait<1>();  // this tile's group has landed (the next one may be in flight)
+    } else {
+      cp_async_wait<0>();
+    }
+    const unsigned char* kb = smb + (it & 1) * L::kBuf;
+    const unsigned char* vb = kb + C * RS;
+    const uint32_t* pb = reinterpret_cast<const uint32_t*>(vb + C * RS);
+    __syncthreads();  // every thread's copies are visible
+    {  // K: scores of slot t = b0 + tid
+      const int t = b0 + tid;
+      if (t < b1) {
+        float acc[GRP];
+#pragma unroll
+        for (int g = 0; g < GRP; ++g) acc[g] = 0.f;
+        const float* qq = qs + (t < a.run_split ? 0 : half * 16);
+        const float2* tab = kcs2 + t;  // pair i at tab[i * cap]
+        if (t < ns || t >= qe) {
+          const T* kr = t < ns ? hr.ksink + int64_t(t) * HD : hr.kres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
+#pragma unroll 4
+          for (int i = 0; i < half; ++i)
+            rot_dot<GRP>(qq + i * 16, widen(kr[i]), widen(kr[i + half]), __ldg(tab + int64_t(i) * c.cap), acc);
+        } else {
+          const int jq = t - ns;
+          const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
+          const uint4* par = reinterpret_cast<const uint4*>(hr.kpar + int64_t((c.gstart + gi) % c.gcap) * HD * 2);
+          constexpr int NW = HD * BITS / 32;
+          uint32_t w[NW];
+          const uint4* row = reinterpret_cast<const uint4*>(kb + tid * RS);
+#pragma unroll
+          for (int k4 = 0; k4 < NW / 4; ++k4) {
+            const uint4 x = row[k4];
+            w[4 * k4] = x.x;
+            w[4 * k4 + 1] = x.y;
+            w[4 * k4 + 2] = x.z;
+            w[4 * k4 + 3] = x.w;
+          }
+#pragma unroll
+          for (int i4 = 0; i4 < half; i4 += 4) {
+            const uint4 pl = __ldg(par + i4 / 4), ph = __ldg(par + (half + i4) / 4);
+            const uint32_t wl[4] = {pl.x, pl.y, pl.z, pl.w}, wh[4] = {ph.x, ph.y, ph.z, ph.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int i = i4 + e;
+              const float2 lo = par_f2(wl[e]), hi = par_f2(wh[e]);
+              const float x0 = fmaf(u2f(code_w<BITS>(w, i)), lo.x, lo.y);
+              const float x1 = fmaf(u2f(code_w<BITS>(w, i + half)), hi.x, hi.y);
+              rot_dot<GRP>(qq + i * 16, x0, x1, __ldg(tab + int64_t(i) * c.cap), acc);
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < GRP; ++g) p[g * C + tid] = acc[g] * a.scale;
+      }
+    }
+    __syncthreads();
+    for (int g = warp; g < GRP; g += C / 32) {  // one warp per head: the online softmax's step
+      float* pg = p + g * C;
+      float mt = -INFINITY;
+      for (int j = lane; j < len; j += 32) mt = fmaxf(mt, pg[j]);
+      mt = warp_max(mt);
+      const float mo = ml[4 * g], mn = fmaxf(mo, mt);
+      float l = 0.f;
+      for (int j = lane; j < len; j += 32) {
+        const float e = expf(pg[j] - mn);
+        pg[j] = e;
+        l += e;
+      }
+      l = warp_sum(l);
+      __syncwarp();
+      if (lane == 0) {
+        const float al = expf(mo - mn);  // 0 on the first tile (mo = -inf)
+        ml[4 * g] = mn;
+        ml[4 * g + 1] = ml[4 * g + 1] * al + l;
+        ml[4 * g + 2] = al;
+      }
+    }
+    __syncthreads();
+    {  // V: o <- o * alpha + sum_t p_t v_t (the scale folded into p, the zero into bz as kind 1)
+#pragma unroll
+      for (int g = 0; g < GRP; ++g) {
+        const float al = ml[4 * g + 2];
+        bz[g] *= al;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] *= al;
+      }
+      for (int t = b0 + sl; t < b1; t += SL) {
+        float pw[GRP];
+#pragma unroll
+        for (int g = 0; g < GRP; ++g) pw[g] = p[g * C + t - b0];
+        if (t >= ns && t < qe) {
+          const float2 sz = par_f2(pb[t - b0]);
+          const unsigned char* cr = vb + (t - b0) * RS + cw * BITS;  // 8 codes = BITS bytes
+          uint32_t cwd[2];
+          if (BITS == 8) {
+            const uint2 x = *reinterpret_cast<const uint2*>(cr);
+            cwd[0] = x.x;
+            cwd[1] = x.y;
+          } else if (BITS == 4) {
+            cwd[0] = *reinterpret_cast<const uint32_t*>(cr);
+          } else {
+            cwd[0] = *reinterpret_cast<const uint16_t*>(cr);
+          }
+          float ws[GRP];
+#pragma unroll
+          for (int g = 0; g < GRP; ++g) {
+            ws[g] = pw[g] * sz.x;
+            bz[g] = fmaf(pw[g], sz.y, bz[g]);
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float u = u2f(code_w<BITS>(cwd, e));
+#pragma unroll
+            for (int g = 0; g < GRP; ++g) o[g][e] = fmaf(ws[g], u, o[g][e]);
+          }
+        } else {
+          const T* vr = t < ns ? hr.vsink + int64_t(t) * HD : hr.vres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
+          float x[8];
+          load8<T>(vr + cw * 8, x);
+#pragma unroll
+          for (int g = 0; g < GRP; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pw[g], x[e], o[g][e]);
+        }
+      }
+    }
+    __syncthreads();  // this tile's buffer and scores are used up before they are refilled
+  }
+  // vred aliases the tile buffers: no copy is pending (the last tile waited for all) and
+  // every thread passed the loop's last barrier.
+#pragma unroll
+  for (int g = 0; g < GRP; ++g) {
+    float4* d = reinterpret_cast<float4*>(vred + (sl * GRP + g) * HD + cw * 8);
+    d[0] = make_float4(o[g][0] + bz[g], o[g][1] + bz[g], o[g][2] + bz[g], o[g][3] + bz[g]);
+    d[1] = make_float4(o[g][4] + bz[g], o[g][5] + bz[g], o[g][6] + bz[g], o[g][7] + bz[g]);
+  }
+  __syncthreads();
+  for (int e = tid; e < GRP * HD; e += C) {
+    const int g = e / HD, j = e % HD;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < SL; ++k) sum += vred[(k * GRP + g) * HD + j];
+    part_of(g)[2 + j] = sum;
+  }
+  if (tid < GRP) {
+    float* pt = part_of(tid);
+    pt[0] = ml[4 * tid];
+    pt[1] = ml[4 * tid + 1];
+  }
+}
+
 template <class T>
 __global__ void kivi_append_batch_kernel(const AppendKiviB* ps) {
   const AppendKiviB& p = ps[blockIdx.x];
@@ -598,23 +899,70 @@ struct AttendKiviBatchLaunch {
 };
 // The decode kernel for head_dim 64 / 128 and 1, 2, 4 or 8 query heads per KV head;
 // false (nothing launched) for other shapes, which take attend_kivi_kernel.
+int tile_min_blocks() {
+  static const int m = [] {
+    const char* v = std::getenv("PTLLM_CUDA_KIVI_MINB");
+    return v && v[0] == '4' && v[1] == 0 ? 4 : 1;
+  }();
+  return m;
+}
 template <class T, int BITS, int HD, int GRP>
-void dec_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, cudaStream_t s) {
+void dec_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, const KiviDecPlan& plan, cudaStream_t s) {
+  if (plan.kind == 2) {
+    constexpr int bytes = TileSmem<BITS, HD, GRP>::bytes;  // up to ~96 KB (int8, head_dim 128, 8 heads per KV head)
+    const auto go = [&](auto kernel) {
+      static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      (void)attr;  // a failure shows as the launch's error, which the caller checks
+      kernel<<<grid, kDecChunk, bytes, s>>>(a, d, plan.chunk);
+    };
+    if (tile_min_blocks() == 4)
+      go(attend_kivi_tile_kernel<T, BITS, HD, GRP, 4>);
+    else
+      go(attend_kivi_tile_kernel<T, BITS, HD, GRP, 1>);
+    return;
+  }
   const size_t shmem = size_t(dec_shmem_floats<HD, GRP>()) * sizeof(float);
   attend_kivi_dec_kernel<T, BITS, HD, GRP><<<grid, kDecChunk, shmem, s>>>(a, d);
 }
 template <class T, int BITS>
 struct AttendKiviDecLaunch {
-  static void run(const AttendKivi& a, const AttendKivi* d, dim3 grid, int hd, int grp, bool& done, cudaStream_t s) {
+  static void run(const AttendKivi& a, const AttendKivi* d, dim3 grid, int hd, int grp, const KiviDecPlan& plan,
+                  bool& done, cudaStream_t s) {
     const auto by_grp = [&](auto hd_tag) {
       constexpr int HD = decltype(hd_tag)::value;
-      if (grp == 1) dec_launch<T, BITS, HD, 1>(a, d, grid, s);
-      if (grp == 2) dec_launch<T, BITS, HD, 2>(a, d, grid, s);
-      if (grp == 4) dec_launch<T, BITS, HD, 4>(a, d, grid, s);
-      if (grp == 8) dec_launch<T, BITS, HD, 8>(a, d, grid, s);
+      if (grp == 1) dec_launch<T, BITS, HD, 1>(a, d, grid, plan, s);
+      if (grp == 2) dec_launch<T, BITS, HD, 2>(a, d, grid, plan, s);
+      if (grp == 4) dec_launch<T, BITS, HD, 4>(a, d, grid, plan, s);
+      if (grp == 8) dec_launch<T, BITS, HD, 8>(a, d, grid, plan, s);
     };
     done = (hd == 64 || hd == 128) && (grp == 1 || grp == 2 || grp == 4 || grp == 8);
     if (!done) return;
+    if (hd == 64) by_grp(std::integral_constant<int, 64>{});
+    if (hd == 128) by_grp(std::integral_constant<int, 128>{});
+  }
+};
+// Blocks of attend_kivi_tile_kernel one SM holds (registers and shared memory).
+template <class T, int BITS>
+struct TileResident {
+  static void run(int hd, int grp, int& n) {
+    const auto one = [&](auto kernel, int bytes) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kDecChunk, size_t(bytes)) != cudaSuccess) n = 0;
+    };
+    const auto by_grp = [&](auto hd_tag) {
+      constexpr int HD = decltype(hd_tag)::value;
+      const auto g = [&](auto grp_tag) {
+        constexpr int GRP = decltype(grp_tag)::value;
+        if (tile_min_blocks() == 4)
+          one(attend_kivi_tile_kernel<T, BITS, HD, GRP, 4>, TileSmem<BITS, HD, GRP>::bytes);
+        else
+          one(attend_kivi_tile_kernel<T, BITS, HD, GRP, 1>, TileSmem<BITS, HD, GRP>::bytes);
+      };
+      if (grp == 1) g(std::integral_constant<int, 1>{});
+      if (grp == 2) g(std::integral_constant<int, 2>{});
+      if (grp == 4) g(std::integral_constant<int, 4>{});
+      if (grp == 8) g(std::integral_constant<int, 8>{});
+    };
     if (hd == 64) by_grp(std::integral_constant<int, 64>{});
     if (hd == 128) by_grp(std::integral_constant<int, 128>{});
   }
@@ -627,6 +975,15 @@ struct AttendKiviLaunch {
 };
 
 }  // namespace
+
+int kivi_tile_blocks_per_sm(Elem re, int bits, int hd, int grp) {
+  KiviLayer c;  // the dispatch keys
+  c.re = re;
+  c.bits = bits;
+  int n = 0;
+  kivi_dispatch<TileResident>(c, hd, grp, n);
+  return n;
+}
 
 void kivi_append(const KiviLayer& c, const float* k, const float* v, int n, bool to_sink, int dst, cudaStream_t s) {
   if (n <= 0) return;
@@ -669,7 +1026,7 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
     c.re = re;
     c.bits = bits;
     bool done = false;
-    kivi_dispatch<AttendKiviDecLaunch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, done, s);
+    kivi_dispatch<AttendKiviDecLaunch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, plan, done, s);
     combine_batch_kernel<AttendKivi><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
     return;
   }
@@ -684,14 +1041,14 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
 }
 
 void attend_kivi(const AttendKivi& a, cudaStream_t s) {
-  const KiviDecPlan plan = a.n == 1 ? kivi_dec_plan(a.c.hd, a.nh, a.c.kvh) : KiviDecPlan{};
+  const KiviDecPlan plan = a.n == 1 ? kivi_dec_plan(a.c.hd, a.nh, a.c.kvh, a.c.re, a.c.bits, a.len, 1) : KiviDecPlan{};
   const int chunk = a.n == 1 ? plan.chunk : kivi_chunk(a.n);
   const int S = (a.len + chunk - 1) / chunk;
   const int grp = a.nh / a.c.kvh;
   if (plan.kind > 0) {
     const AttendKivi* none = nullptr;
     bool done = false;
-    kivi_dispatch<AttendKiviDecLaunch>(a.c, a, none, dim3(a.c.kvh, S, 1), a.c.hd, grp, done, s);
+    kivi_dispatch<AttendKiviDecLaunch>(a.c, a, none, dim3(a.c.kvh, S, 1), a.c.hd, grp, plan, done, s);
     combine(a.part, a.nh, S, a.c.hd, a.out, s);
     return;
   }

@@ -11,6 +11,15 @@
 
 namespace ptllm::cuda::testing {
 
+// The KIVI decode kernel's plan (cuda/kernels.h kivi_dec_plan) forced for the
+// next launches, so that one test run covers each kernel kind and splits of one
+// and of several tiles; a value < 0 keeps the plan's (or the environment's)
+// choice. KiviDecodeOverride{} (all -1) restores the defaults.
+struct KiviDecodeOverride {
+  int kind = -1, tiles_per_split = -1;
+};
+void set_kivi_decode(const KiviDecodeOverride& o);
+
 class LayerProbe {
  public:
   // shape.n_layers must be 1; shape.capacity as make_cache would set it

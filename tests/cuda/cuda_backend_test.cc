@@ -311,6 +311,8 @@ TEST(CudaBackend, KiviLayerMatchesCpuExactly) {
   // among the 4 query heads of a KV head.
   cases.push_back({cache_spec(KVStorage::Int4, 0, 0, R, 32, 128), 2, 8, 64, chunks({520}, 40), 2e-5});
   cases.push_back({cache_spec(KVStorage::Int2, 4, 600, R, 32, 128), 2, 8, 64, chunks({560}, 60), 2e-5});
+  // 8 query heads per KV head, head_dim 128, a window that wraps.
+  cases.push_back({cache_spec(KVStorage::Int8, 4, 300, R, 16, 32), 1, 8, 128, chunks({280}, 50), 2e-5});
   // Rows whose codes do not fill the last byte (hd 6 int2, hd 10 int4), R = 0, G = 1.
   cases.push_back({cache_spec(KVStorage::Int2, 0, 0, R, 4, 8), 1, 2, 6, chunks({21}, 20), 2e-5});
   cases.push_back({cache_spec(KVStorage::Int4, 2, 13, R, 4, 4), 1, 1, 10, chunks({7}, 40), 2e-5});
@@ -325,7 +327,19 @@ TEST(CudaBackend, KiviLayerMatchesCpuExactly) {
   // fp16 row can round one ulp apart (fp16 tolerance); fp32 is summation order only.
   cases.push_back({cache_spec(KVStorage::F16, 4, 18, R), 2, 4, 64, chunks({10}, 40), 1e-3});
   cases.push_back({cache_spec(KVStorage::F32, 2, 17, A), 2, 4, 64, chunks({9}, 40), 2e-5});
-  for (const LayerCase& c : cases) compare_layer(c);
+  // Every decode kernel: the tiled kernel with one tile per split (many splits) and
+  // with three (the online softmax across tiles, copies of the next tile in flight,
+  // a split ending mid-tile), and the session-7 kernel.
+  using O = cuda::testing::KiviDecodeOverride;
+  const std::pair<const char*, O> runs[] = {{"tiled, 1 tile per split", O{2, 1}},
+                                            {"tiled, 3 tiles per split", O{2, 3}},
+                                            {"session-7 kernel", O{1, -1}}};
+  for (const auto& [what, o] : runs) {
+    SCOPED_TRACE(what);
+    cuda::testing::set_kivi_decode(o);
+    for (const LayerCase& c : cases) compare_layer(c);
+  }
+  cuda::testing::set_kivi_decode(O{});
 }
 
 // One CPU and one GPU decoder per spec, each prefilled with its own prompt of
