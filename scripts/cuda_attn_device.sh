@@ -8,9 +8,8 @@
 # with each kernel. Run from a folder holding prebuilt/ (posttrainllm,
 # cuda_backend_test, cuda_attn_bench built with -DPTLLM_SHARED_DIR=/tmp/ptllm-shared-lite;
 # lib.tar.gz: the .so files the device lacks), shared-lite/ and cuda_device_env.sh.
-# PART=tests|micro|batch|all (default all; micro and batch skip the tests); PART=minb: the
-# tiled kernel at most 128 registers (PTLLM_CUDA_KIVI_MINB=4) against the default, tests,
-# the attention alone and batch 64 x 8K alternated.
+# PART=tests|micro|batch|all (default all; micro and batch skip the tests). (Session 14's
+# fourth call ran a PART=minb, since removed with the PTLLM_CUDA_KIVI_MINB switch it timed.)
 # ROUNDS (default 2) rounds of alternation (MICRO_ROUNDS for the attention alone,
 # default 1). Results go to $OUT.
 set -uo pipefail
@@ -119,26 +118,5 @@ print('%-40s tok/s %8.1f +- %6.1f  ms/step %7.2f  read %.0f GB/s' % ('$1', d['tp
   for kv in fp16 int4; do
     r=$(timeout 100 $B/posttrainllm bench /tmp/l1b.gguf --device cuda --kv-quantize $kv -p 0 -n 128 -r 3 -d 4096 --json 2>&1 | tr -d '\n')
     echo "1b d4096 $kv $r" >> "$OUT/bench_1b.jsonl"; echo "$r" | show "1b b1 d4096 $kv"
-  done
-fi
-if [ "$PART" = minb ]; then
-  echo "== KIVI tests with PTLLM_CUDA_KIVI_MINB=4"
-  PTLLM_CUDA_KIVI_MINB=4 timeout 120 $B/cuda_backend_test --gtest_color=no --gtest_filter='*KiviLayer*:*BatchKivi*' 2>&1 |
-    grep -E "FAILED|PASSED|Failure|rror"
-  for round in $(seq "$ROUNDS"); do
-    for m in 1 4; do
-      PTLLM_CUDA_KIVI_MINB=$m PTLLM_CUDA_KIVI_DEC=2 PTLLM_BENCH_MODES=int4,int2 timeout 60 $B/cuda_attn_bench 32768 2>&1 |
-        grep decode_attention | sed "s/^/round $round MINB=$m /" | tee -a "$OUT/attn.txt"
-    done
-  done
-  $B/posttrainllm make-random /tmp/l8b.gguf --preset llama-3.1-8b --layers $LAYERS --type bf16 2>&1 | tail -1
-  for round in $(seq "$ROUNDS"); do
-    for v in "1 fp16" "1 int4" "4 int4"; do
-      set -- $v
-      r=$(PTLLM_CUDA_KIVI_MINB=$1 timeout 200 $B/posttrainllm bench /tmp/l8b.gguf --device cuda -p 0 --json --batch 64 -d 8192 \
-          -n $GEN -r 3 --kv-quantize $2 2>&1 | tr -d '\n')
-      echo "round $round MINB=$1 $2 $r" >> "$OUT/bench_b64.jsonl"
-      echo "$r" | python3 -c "import json,sys; d=json.load(sys.stdin)['decode']; print('round $round MINB=$1 $2 tok/s %.1f +- %.1f' % (d['tps_mean'], d['tps_sd']))" 2>/dev/null || echo "$r" | cut -c1-300
-    done
   done
 fi

@@ -155,8 +155,7 @@ void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream
 // per tile (72 registers against 168, so more blocks per SM: at 8K stored tokens, one
 // sequence, 44 us against 48-55 on the H200; int8 at 32K 123 us against 145-158).
 // PTLLM_CUDA_KIVI_DEC=1 or 2 forces
-// that kind, 0 the general kernel for every shape; PTLLM_CUDA_KIVI_NT sets NT;
-// PTLLM_CUDA_KIVI_MINB=4 caps the tiled kernel at 128 registers (an experiment).
+// that kind, 0 the general kernel for every shape; PTLLM_CUDA_KIVI_NT sets NT.
 // (Session 8's two-slots-per-thread kernel measured slower and was removed in
 // session 9: docs/CUDA.md.) max_len: the longest sequence of the launch (slots its
 // query sees), B its sequences. (kivi_dec_plan is host code in gpu_cache.cc.)

@@ -3,7 +3,6 @@
 // the packed codes + residual + sinks. Shapes: kernels.h.
 #include "cuda/kernels_common.cuh"
 
-#include <cstdlib>
 #include <type_traits>
 
 namespace ptllm::cuda::k {
@@ -618,12 +617,12 @@ struct TileSmem {
   static constexpr int bytes = kU + kQs + kP + kMl;
 };
 
-// MINB: __launch_bounds__' blocks per SM (1: up to 255 registers; 4: at most 128, with
-// spills). PTLLM_CUDA_KIVI_MINB=4 picks the second, an experiment of Session 14: on the
-// H200 one sequence at 32K took 115 us against 103, batch 64 x 8K decoded 8-14% faster.
-template <class T, int BITS, int HD, int GRP, int MINB = 1>
-__global__ void __launch_bounds__(kDecChunk, MINB) attend_kivi_tile_kernel(AttendKivi a1, const AttendKivi* as,
-                                                                           int chunk) {
+// __launch_bounds__ without a blocks-per-SM minimum: the compiler takes 168 registers
+// (head_dim 128, 4 heads per KV head). Session 14 measured the alternatives on the H200:
+// a minimum of 4 (128 registers, spills) took 115 us at 32K against 98-103, and a minimum
+// of 1 (243 registers) 103 us; batch 64 x 8K was not faster with either.
+template <class T, int BITS, int HD, int GRP>
+__global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi a1, const AttendKivi* as, int chunk) {
   using L = TileSmem<BITS, HD, GRP>;
   constexpr int half = HD / 2, C = kDecChunk, R = L::R, RS = L::RS, TPR = L::TPR, SL = L::SL;
   const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
@@ -899,13 +898,6 @@ struct AttendKiviBatchLaunch {
 };
 // The decode kernel for head_dim 64 / 128 and 1, 2, 4 or 8 query heads per KV head;
 // false (nothing launched) for other shapes, which take attend_kivi_kernel.
-int tile_min_blocks() {
-  static const int m = [] {
-    const char* v = std::getenv("PTLLM_CUDA_KIVI_MINB");
-    return v && v[0] == '4' && v[1] == 0 ? 4 : 1;
-  }();
-  return m;
-}
 template <class T, int BITS, int HD, int GRP>
 void dec_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, const KiviDecPlan& plan, cudaStream_t s) {
   if (plan.kind == 2) {
@@ -915,10 +907,7 @@ void dec_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, const KiviD
       (void)attr;  // a failure shows as the launch's error, which the caller checks
       kernel<<<grid, kDecChunk, bytes, s>>>(a, d, plan.chunk);
     };
-    if (tile_min_blocks() == 4)
-      go(attend_kivi_tile_kernel<T, BITS, HD, GRP, 4>);
-    else
-      go(attend_kivi_tile_kernel<T, BITS, HD, GRP, 1>);
+    go(attend_kivi_tile_kernel<T, BITS, HD, GRP>);
     return;
   }
   const size_t shmem = size_t(dec_shmem_floats<HD, GRP>()) * sizeof(float);
@@ -953,10 +942,7 @@ struct TileResident {
       constexpr int HD = decltype(hd_tag)::value;
       const auto g = [&](auto grp_tag) {
         constexpr int GRP = decltype(grp_tag)::value;
-        if (tile_min_blocks() == 4)
-          one(attend_kivi_tile_kernel<T, BITS, HD, GRP, 4>, TileSmem<BITS, HD, GRP>::bytes);
-        else
-          one(attend_kivi_tile_kernel<T, BITS, HD, GRP, 1>, TileSmem<BITS, HD, GRP>::bytes);
+        one(attend_kivi_tile_kernel<T, BITS, HD, GRP>, TileSmem<BITS, HD, GRP>::bytes);
       };
       if (grp == 1) g(std::integral_constant<int, 1>{});
       if (grp == 2) g(std::integral_constant<int, 2>{});
