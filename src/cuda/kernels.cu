@@ -12,17 +12,20 @@ namespace {
 
 template <class T>
 __global__ void convert_kernel(const float* src, T* dst, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = narrow<T>(src[i]);
 }
 
 template <class T>
 __global__ void embed_kernel(const T* E, const int32_t* ids, int H, float* x) {
+  pdl_enter();
   const T* row = E + int64_t(ids[blockIdx.x]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[int64_t(blockIdx.x) * H + i] = widen(row[i]);
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H, float* out) {
+  pdl_enter();
   const float* xr = x + int64_t(blockIdx.x) * H;
   float ss = 0;
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
@@ -74,6 +77,7 @@ constexpr int kRows = 8, kWarps = 8;
 template <class T, bool kVec, bool kGlu>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const float* __restrict__ x, int M, int K,
                                                            int wpr) {
+  pdl_enter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int part = warp % wpr;
   int n = blockIdx.x * (kWarps / wpr) + warp / wpr;
@@ -179,21 +183,32 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs seg
   const int lane = threadIdx.x & 31;
   int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5);
   const GemvOut& o = seg_of(segs, n);
-  if (n >= o.N) return;
+  const bool live = n < o.N;
   const uint4* w[kAcc];
-  w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(o.W) + int64_t(n) * K);
-  if (kGlu) w[kAcc - 1] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[1].W) + int64_t(n) * K);
+  w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(o.W) + int64_t(live ? n : 0) * K);
+  if (kGlu) w[kAcc - 1] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[1].W) + int64_t(live ? n : 0) * K);
   const float4* xv = reinterpret_cast<const float4*>(x);
   const int nv = K / 8;  // 16-byte words per weight row
   float acc[kAcc] = {};
-  for (int v0 = 0; v0 < nv; v0 += 32 * kU) {
-    uint4 raw[kAcc][kU];
+  uint4 raw[kAcc][kU];
+  const auto load = [&](int v0) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int v = v0 + u * 32 + lane;
 #pragma unroll
-      for (int a = 0; a < kAcc; ++a) raw[a][u] = v < nv ? __ldcs(w[a] + v) : make_uint4(0, 0, 0, 0);
+      for (int a = 0; a < kAcc; ++a) raw[a][u] = live && v < nv ? __ldcs(w[a] + v) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // The weights are no launch's output: their first chunk (a whole row at K <= 2,048) is
+  // read while the previous kernel finishes; x and y only after it. Holding the chunk across
+  // the wait keeps all kU loads in flight (62 registers for one segment, 32 before, when the
+  // compiler interleaved loads and multiply-adds): 587-592 -> 632-635 tok/s on the 1B shape
+  // without PDL, 724-726 with it (docs/CUDA.md, Session 15).
+  load(0);
+  pdl_enter();
+  if (!live) return;
+  for (int v0 = 0; v0 < nv; v0 += 32 * kU) {
+    if (v0 > 0) load(v0);
     gemv_chunk<T, kAcc, kU>(raw, xv, v0, nv, acc);
   }
   float v[2];
@@ -231,11 +246,14 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
     }
   };
   int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5), v0 = 0;
-  if (n >= N) return;
   const uint4* w[kAcc];
-  rows(n, w);
   uint4 cur[kAcc][kU], next[kAcc][kU];
-  load(w, 0, cur);
+  if (n < N) {
+    rows(n, w);
+    load(w, 0, cur);  // weights only before the wait, as in gemv1_kernel
+  }
+  pdl_enter();
+  if (n >= N) return;
   float acc[kAcc] = {};
   while (n < N) {
     // The next chunk: the rest of this row, else the warp's next row.
@@ -275,6 +293,7 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float a = g[i];
     g[i] = a / (1.f + expf(-a)) * u[i];
@@ -282,6 +301,7 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
 }
 
 __global__ void rope_kernel(float* x, int nh, int hd, const float* cs) {
+  pdl_enter();
   const int t = blockIdx.x, half = hd / 2;
   const float* c = cs + int64_t(t) * hd;
   for (int j = threadIdx.x; j < nh * half; j += blockDim.x) {
@@ -302,6 +322,7 @@ __device__ __forceinline__ int64_t phys_row(const PlainLayer& c, int slot) {
 
 template <class T>
 __global__ void append_kernel(PlainLayer c, const float* k, const float* v, int first) {
+  pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y;
   const int64_t row = (int64_t(h) * c.cap + phys_row(c, first + t)) * c.hd;
   const float* ks = k + (int64_t(t) * c.kvh + h) * c.hd;
@@ -393,18 +414,21 @@ __device__ __forceinline__ void attend_body(const Attend& a, int i) {
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) attend_kernel(Attend a) {
+  pdl_enter();
   attend_body<T>(a, blockIdx.z);
 }
 
 // Batched decode: block (split, head, sequence); the sequence's parameters are staged in shared memory.
 template <class T>
 __global__ void __launch_bounds__(kThreads) attend_batch_kernel(const Attend* as) {
+  pdl_enter();
   const Attend& a = stage_params(as + blockIdx.z);
   attend_body<T>(a, 0);
 }
 
 template <class T>
 __global__ void append_batch_kernel(const AppendPlainB* ps) {
+  pdl_enter();
   const AppendPlainB& p = ps[blockIdx.x];
   const PlainLayer& c = p.c;
   const int h = blockIdx.y;
@@ -418,11 +442,24 @@ __global__ void append_batch_kernel(const AppendPlainB* ps) {
 }
 
 __global__ void __launch_bounds__(128) combine_kernel(const float* part, int S, int hd, float* out) {
+  pdl_enter();
   const int64_t qh = blockIdx.x;  // query * nh + head
   combine_row(part + qh * S * (hd + 2), S, hd, out + qh * hd);
 }
 
 }  // namespace
+
+bool pdl_enabled() {
+  // PTLLM_CUDA_PDL=0: plain launches (each kernel waits for the previous one to finish).
+  static const bool on = [] {
+    const char* v = std::getenv("PTLLM_CUDA_PDL");
+    if (v && v[0] == '0' && v[1] == 0) return false;
+    int d = 0, major = 0;
+    return cudaGetDevice(&d) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess && major >= 9;
+  }();
+  return on;
+}
 
 int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
 
@@ -432,26 +469,26 @@ int grid_for(int64_t n) { return int((n + 255) / 256 < 4096 ? (n + 255) / 256 : 
 int kivi_chunk(int n) { return n <= 8 ? 64 : kChunk; }
 
 void combine(const float* part, int rows, int S, int hd, float* out, cudaStream_t s) {
-  combine_kernel<<<rows, 128, 0, s>>>(part, S, hd, out);
+  launch(combine_kernel, rows, 128, 0, s, part, S, hd, out);
 }
 
 void convert(const float* src, Elem e, void* dst, int64_t n, cudaStream_t s) {
   const int g = grid_for(n) > 0 ? grid_for(n) : 1;
-  if (e == Elem::F32) convert_kernel<float><<<g, 256, 0, s>>>(src, static_cast<float*>(dst), n);
-  if (e == Elem::F16) convert_kernel<__half><<<g, 256, 0, s>>>(src, static_cast<__half*>(dst), n);
-  if (e == Elem::BF16) convert_kernel<__nv_bfloat16><<<g, 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+  if (e == Elem::F32) launch(convert_kernel<float>, g, 256, 0, s, src, static_cast<float*>(dst), n);
+  if (e == Elem::F16) launch(convert_kernel<__half>, g, 256, 0, s, src, static_cast<__half*>(dst), n);
+  if (e == Elem::BF16) launch(convert_kernel<__nv_bfloat16>, g, 256, 0, s, src, static_cast<__nv_bfloat16*>(dst), n);
 }
 
 void embed(Elem e, const void* E, const int32_t* ids, int n, int H, float* x, cudaStream_t s) {
-  if (e == Elem::F32) embed_kernel<<<n, 256, 0, s>>>(static_cast<const float*>(E), ids, H, x);
-  if (e == Elem::F16) embed_kernel<<<n, 256, 0, s>>>(static_cast<const __half*>(E), ids, H, x);
-  if (e == Elem::BF16) embed_kernel<<<n, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(E), ids, H, x);
+  if (e == Elem::F32) launch(embed_kernel<float>, n, 256, 0, s, static_cast<const float*>(E), ids, H, x);
+  if (e == Elem::F16) launch(embed_kernel<__half>, n, 256, 0, s, static_cast<const __half*>(E), ids, H, x);
+  if (e == Elem::BF16) launch(embed_kernel<__nv_bfloat16>, n, 256, 0, s, static_cast<const __nv_bfloat16*>(E), ids, H, x);
 }
 
 void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out, cudaStream_t s) {
   // Wide rows take 1,024 threads: a decode step's norm is one block, and its time is
   // the chain of loads per thread (8 at H = 2,048 with 256 threads; ncu: 8.3 us).
-  rmsnorm_kernel<<<n, H >= 2048 ? 1024 : 256, 0, s>>>(x, w, eps, H, out);
+  launch(rmsnorm_kernel, n, H >= 2048 ? 1024 : 256, 0, s, x, w, eps, H, out);
 }
 
 // Blocks of `threads` of `kernel` that stay resident on one SM at once (4 if the runtime
@@ -491,13 +528,13 @@ static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStrea
       const int blocks = (N + kRowsPerBlock1 - 1) / kRowsPerBlock1;
       static const int per_sm1 = resident_blocks(gemv1_kernel<T, kGlu>, kRowsPerBlock1 * 32);
       if (gemv1 == 1 || (gemv1 == 3 && blocks <= per_sm1 * n_sm))
-        gemv1_kernel<T, kGlu><<<blocks, kRowsPerBlock1 * 32, 0, s>>>(segs, x, K);
+        launch(gemv1_kernel<T, kGlu>, blocks, kRowsPerBlock1 * 32, 0, s, segs, x, K);
       else {
         // As many blocks as stay resident at once (registers decide: the kGlu kernel holds
         // two rows' chunks twice), so that every warp walks its rows from the start.
         static const int per_sm = resident_blocks(gemv1p_kernel<T, kGlu>, kRowsPerBlock1 * 32);
         const int cap = per_sm * n_sm;
-        gemv1p_kernel<T, kGlu><<<blocks < cap ? blocks : cap, kRowsPerBlock1 * 32, 0, s>>>(segs, x, K, N);
+        launch(gemv1p_kernel<T, kGlu>, blocks < cap ? blocks : cap, kRowsPerBlock1 * 32, 0, s, segs, x, K, N);
       }
       return;
     }
@@ -509,9 +546,9 @@ static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStrea
     GemvSegs at = segs;  // the outputs of rows m0..
     for (int i = 0; i < at.n; ++i) at.o[i].y += int64_t(m0) * at.o[i].N;
     if (K % 8 == 0)
-      gemv_kernel<T, true, kGlu><<<grid, kWarps * 32, 0, s>>>(at, x + int64_t(m0) * K, m, K, wpr);
+      launch(gemv_kernel<T, true, kGlu>, grid, kWarps * 32, 0, s, at, x + int64_t(m0) * K, m, K, wpr);
     else
-      gemv_kernel<T, false, kGlu><<<grid, kWarps * 32, 0, s>>>(at, x + int64_t(m0) * K, m, K, wpr);
+      launch(gemv_kernel<T, false, kGlu>, grid, kWarps * 32, 0, s, at, x + int64_t(m0) * K, m, K, wpr);
   }
 }
 
@@ -544,18 +581,18 @@ void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* 
 }
 
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {
-  silu_mul_kernel<<<grid_for(n), 256, 0, s>>>(gate, up, n);
+  launch(silu_mul_kernel, grid_for(n), 256, 0, s, gate, up, n);
 }
 
 void rope(float* x, int n, int nh, int hd, const float* cs, cudaStream_t s) {
-  rope_kernel<<<n, 128, 0, s>>>(x, nh, hd, cs);
+  launch(rope_kernel, n, 128, 0, s, x, nh, hd, cs);
 }
 
 void append_plain(const PlainLayer& c, const float* k, const float* v, int n, int first, cudaStream_t s) {
   const dim3 grid(n, c.kvh);
-  if (c.e == Elem::F32) append_kernel<float><<<grid, 128, 0, s>>>(c, k, v, first);
-  if (c.e == Elem::F16) append_kernel<__half><<<grid, 128, 0, s>>>(c, k, v, first);
-  if (c.e == Elem::BF16) append_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(c, k, v, first);
+  if (c.e == Elem::F32) launch(append_kernel<float>, grid, 128, 0, s, c, k, v, first);
+  if (c.e == Elem::F16) launch(append_kernel<__half>, grid, 128, 0, s, c, k, v, first);
+  if (c.e == Elem::BF16) launch(append_kernel<__nv_bfloat16>, grid, 128, 0, s, c, k, v, first);
 }
 
 int64_t attend_scratch_floats(int n, int nh, int hd, int len) {
@@ -567,25 +604,25 @@ int64_t attend_scratch_floats(int n, int nh, int hd, int len) {
 void attend_plain(const Attend& a, cudaStream_t s) {
   const int S = (a.len + kChunk - 1) / kChunk;
   const dim3 grid(S, a.nh, a.n);
-  if (a.c.e == Elem::F32) attend_kernel<float><<<grid, kThreads, 0, s>>>(a);
-  if (a.c.e == Elem::F16) attend_kernel<__half><<<grid, kThreads, 0, s>>>(a);
-  if (a.c.e == Elem::BF16) attend_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(a);
+  if (a.c.e == Elem::F32) launch(attend_kernel<float>, grid, kThreads, 0, s, a);
+  if (a.c.e == Elem::F16) launch(attend_kernel<__half>, grid, kThreads, 0, s, a);
+  if (a.c.e == Elem::BF16) launch(attend_kernel<__nv_bfloat16>, grid, kThreads, 0, s, a);
   combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
 }
 
 void append_plain_batch(const AppendPlainB* d, int B, int kvh, Elem e, cudaStream_t s) {
   const dim3 grid(B, kvh);
-  if (e == Elem::F32) append_batch_kernel<float><<<grid, 128, 0, s>>>(d);
-  if (e == Elem::F16) append_batch_kernel<__half><<<grid, 128, 0, s>>>(d);
-  if (e == Elem::BF16) append_batch_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(d);
+  if (e == Elem::F32) launch(append_batch_kernel<float>, grid, 128, 0, s, d);
+  if (e == Elem::F16) launch(append_batch_kernel<__half>, grid, 128, 0, s, d);
+  if (e == Elem::BF16) launch(append_batch_kernel<__nv_bfloat16>, grid, 128, 0, s, d);
 }
 
 void attend_plain_batch(const Attend* d, int B, int nh, int hd, int S, Elem e, cudaStream_t s) {
   const dim3 grid(S, nh, B);
-  if (e == Elem::F32) attend_batch_kernel<float><<<grid, kThreads, 0, s>>>(d);
-  if (e == Elem::F16) attend_batch_kernel<__half><<<grid, kThreads, 0, s>>>(d);
-  if (e == Elem::BF16) attend_batch_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(d);
-  combine_batch_kernel<Attend><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+  if (e == Elem::F32) launch(attend_batch_kernel<float>, grid, kThreads, 0, s, d);
+  if (e == Elem::F16) launch(attend_batch_kernel<__half>, grid, kThreads, 0, s, d);
+  if (e == Elem::BF16) launch(attend_batch_kernel<__nv_bfloat16>, grid, kThreads, 0, s, d);
+  launch(combine_batch_kernel<Attend>, dim3(nh, B), 128, 0, s, d, S, hd);
 }
 
 }  // namespace ptllm::cuda::k

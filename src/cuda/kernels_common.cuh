@@ -6,10 +6,52 @@
 
 #include <cfloat>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/kernels.h"
 
 namespace ptllm::cuda::k {
+
+// ---- Programmatic dependent launch (PDL, compute capability 9.0+) ----
+// Every kernel of kernels.cu and kivi_kernels.cu is launched through launch() below,
+// which (pdl_enabled()) lets the GPU start its blocks while the previous kernel of the
+// stream still runs, and every kernel calls pdl_enter() in all its threads before it reads
+// anything an earlier launch wrote or writes anything: griddepcontrol.wait (the previous
+// kernel has finished and its writes are visible), then griddepcontrol.launch_dependents
+// (the next kernel may start launching). Only the GEMV kernels do work before it: the
+// loads of their first weight chunk, which no kernel of a step writes. So a decode step's
+// ~9 launches per layer overlap each one's launch latency and the GEMV's first DRAM round
+// trip with the kernel before it (docs/CUDA.md, Session 15). Since every thread waits
+// before it exits, a kernel's completion implies its predecessor's, and a kernel reading
+// what was written two or more launches back sees it too. A kernel that follows a copy,
+// or a cuBLAS kernel (which never triggers early), waits for it as a plain launch would.
+// On older GPUs, or with PTLLM_CUDA_PDL=0, launch() is a plain launch and pdl_enter()
+// returns at once (no prerequisite grid).
+bool pdl_enabled();
+
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shmem, s>>>(args...), as a programmatic dependent launch where enabled.
+// A launch error shows in cudaGetLastError, as for <<<>>>.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem, cudaStream_t s, A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = shmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
 
 // Attention splits: kChunk slots per block (kivi_chunk() for the KIVI kernel),
 // kThreads threads, head_dim up to kMaxHd.
@@ -177,6 +219,7 @@ __device__ __forceinline__ void combine_row(const float* pp, int S, int hd, floa
 
 template <class A>
 __global__ void __launch_bounds__(128) combine_batch_kernel(const A* as, int S, int hd) {
+  pdl_enter();
   const A& a = as[blockIdx.y];
   combine_row(a.part + int64_t(blockIdx.x) * S * (hd + 2), S, hd, a.out + int64_t(blockIdx.x) * hd);
 }

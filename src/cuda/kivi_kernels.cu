@@ -74,6 +74,7 @@ __device__ __forceinline__ __half narrow_resid<__half>(float v) { return __float
 
 template <class T>
 __global__ void kivi_append_kernel(KiviLayer c, const float* k, const float* v, bool to_sink, int dst) {
+  pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y, hd = c.hd;
   const int64_t row = to_sink ? int64_t(h) * c.sink_cap + dst + t : int64_t(h) * c.res_cap + (dst + t) % c.res_cap;
   T* kd = static_cast<T*>(to_sink ? c.ksink : c.kres) + row * hd;
@@ -90,6 +91,7 @@ __global__ void kivi_append_kernel(KiviLayer c, const float* k, const float* v, 
 // (scale, zero) over the G residual rows rsrc.. (ring), then the G codes of each channel.
 template <class T, int BITS>
 __global__ void kivi_flush_k_kernel(KiviLayer c, int qdst, int rsrc, int gslot) {
+  pdl_enter();
   constexpr int per = 8 / BITS, levels = (1 << BITS) - 1;
   const int h = blockIdx.x, hd = c.hd, G = c.G;
   const T* res = static_cast<const T*>(c.kres) + int64_t(h) * c.res_cap * hd;
@@ -128,6 +130,7 @@ __global__ void kivi_flush_k_kernel(KiviLayer c, int qdst, int rsrc, int gslot) 
 // V, one block per (token t of the group, KV head): the row's (scale, zero), then its codes.
 template <class T, int BITS>
 __global__ void kivi_flush_v_kernel(KiviLayer c, int qdst, int rsrc) {
+  pdl_enter();
   constexpr int per = 8 / BITS, levels = (1 << BITS) - 1;
   const int t = blockIdx.x, h = blockIdx.y, hd = c.hd;
   const T* r = static_cast<const T*>(c.vres) + (int64_t(h) * c.res_cap + (rsrc + t) % c.res_cap) * hd;
@@ -313,12 +316,14 @@ __device__ __forceinline__ void attend_kivi_body(const AttendKivi& a, int i, int
 
 template <class T, int BITS>
 __global__ void __launch_bounds__(kThreads) attend_kivi_kernel(AttendKivi a, int hpb, int chunk) {
+  pdl_enter();
   attend_kivi_body<T, BITS>(a, blockIdx.z, hpb, chunk);
 }
 
 // Batched decode: block (split, head block, sequence); the sequence's parameters staged in shared memory.
 template <class T, int BITS>
 __global__ void __launch_bounds__(kThreads) attend_kivi_batch_kernel(const AttendKivi* as, int hpb, int chunk) {
+  pdl_enter();
   const AttendKivi& a = stage_params(as + blockIdx.z);
   attend_kivi_body<T, BITS>(a, 0, hpb, chunk);
 }
@@ -378,6 +383,7 @@ constexpr int dec_shmem_floats() {
 
 template <class T, int BITS, int HD, int GRP>
 __global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a1, const AttendKivi* as) {
+  pdl_enter();
   const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
   constexpr int half = HD / 2, C = kDecChunk;
   constexpr int TPR = HD / 8, SL = C / TPR;  // V: threads per row (8 channels each), slot lanes
@@ -623,6 +629,7 @@ struct TileSmem {
 // of 1 (243 registers) 103 us; batch 64 x 8K was not faster with either.
 template <class T, int BITS, int HD, int GRP>
 __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi a1, const AttendKivi* as, int chunk) {
+  pdl_enter();
   using L = TileSmem<BITS, HD, GRP>;
   constexpr int half = HD / 2, C = kDecChunk, R = L::R, RS = L::RS, TPR = L::TPR, SL = L::SL;
   const AttendKivi& a = as ? stage_params(as + blockIdx.z) : a1;
@@ -852,6 +859,7 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi 
 
 template <class T>
 __global__ void kivi_append_batch_kernel(const AppendKiviB* ps) {
+  pdl_enter();
   const AppendKiviB& p = ps[blockIdx.x];
   const KiviLayer& c = p.c;
   const int h = blockIdx.y, hd = c.hd;
@@ -886,14 +894,14 @@ template <class T, int BITS>
 struct FlushLaunch {
   static void run(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s) {
     const int kth = c.row < 128 ? ((c.row + 31) / 32) * 32 : 128;
-    kivi_flush_k_kernel<T, BITS><<<c.kvh, kth, 0, s>>>(c, qdst, rsrc, gslot);
-    kivi_flush_v_kernel<T, BITS><<<dim3(c.G, c.kvh), 128, 0, s>>>(c, qdst, rsrc);
+    launch(kivi_flush_k_kernel<T, BITS>, c.kvh, kth, 0, s, c, qdst, rsrc, gslot);
+    launch(kivi_flush_v_kernel<T, BITS>, dim3(c.G, c.kvh), 128, 0, s, c, qdst, rsrc);
   }
 };
 template <class T, int BITS>
 struct AttendKiviBatchLaunch {
   static void run(const AttendKivi* d, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
-    attend_kivi_batch_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(d, hpb, chunk);
+    launch(attend_kivi_batch_kernel<T, BITS>, grid, kThreads, shmem, s, d, hpb, chunk);
   }
 };
 // The decode kernel for head_dim 64 / 128 and 1, 2, 4 or 8 query heads per KV head;
@@ -905,13 +913,13 @@ void dec_launch(const AttendKivi& a, const AttendKivi* d, dim3 grid, const KiviD
     const auto go = [&](auto kernel) {
       static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       (void)attr;  // a failure shows as the launch's error, which the caller checks
-      kernel<<<grid, kDecChunk, bytes, s>>>(a, d, plan.chunk);
+      launch(kernel, grid, kDecChunk, bytes, s, a, d, plan.chunk);
     };
     go(attend_kivi_tile_kernel<T, BITS, HD, GRP>);
     return;
   }
   const size_t shmem = size_t(dec_shmem_floats<HD, GRP>()) * sizeof(float);
-  attend_kivi_dec_kernel<T, BITS, HD, GRP><<<grid, kDecChunk, shmem, s>>>(a, d);
+  launch(attend_kivi_dec_kernel<T, BITS, HD, GRP>, grid, kDecChunk, shmem, s, a, d);
 }
 template <class T, int BITS>
 struct AttendKiviDecLaunch {
@@ -956,7 +964,7 @@ struct TileResident {
 template <class T, int BITS>
 struct AttendKiviLaunch {
   static void run(const AttendKivi& a, dim3 grid, int hpb, int chunk, size_t shmem, cudaStream_t s) {
-    attend_kivi_kernel<T, BITS><<<grid, kThreads, shmem, s>>>(a, hpb, chunk);
+    launch(attend_kivi_kernel<T, BITS>, grid, kThreads, shmem, s, a, hpb, chunk);
   }
 };
 
@@ -974,9 +982,9 @@ int kivi_tile_blocks_per_sm(Elem re, int bits, int hd, int grp) {
 void kivi_append(const KiviLayer& c, const float* k, const float* v, int n, bool to_sink, int dst, cudaStream_t s) {
   if (n <= 0) return;
   const dim3 grid(n, c.kvh);
-  if (c.re == Elem::F32) kivi_append_kernel<float><<<grid, 128, 0, s>>>(c, k, v, to_sink, dst);
-  if (c.re == Elem::F16) kivi_append_kernel<__half><<<grid, 128, 0, s>>>(c, k, v, to_sink, dst);
-  if (c.re == Elem::BF16) kivi_append_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(c, k, v, to_sink, dst);
+  if (c.re == Elem::F32) launch(kivi_append_kernel<float>, grid, 128, 0, s, c, k, v, to_sink, dst);
+  if (c.re == Elem::F16) launch(kivi_append_kernel<__half>, grid, 128, 0, s, c, k, v, to_sink, dst);
+  if (c.re == Elem::BF16) launch(kivi_append_kernel<__nv_bfloat16>, grid, 128, 0, s, c, k, v, to_sink, dst);
 }
 
 void kivi_flush(const KiviLayer& c, int qdst, int rsrc, int gslot, cudaStream_t s) {
@@ -999,9 +1007,9 @@ int heads_per_block(int grp, int S) {
 
 void kivi_append_batch(const AppendKiviB* d, int B, int kvh, Elem re, cudaStream_t s) {
   const dim3 grid(B, kvh);
-  if (re == Elem::F32) kivi_append_batch_kernel<float><<<grid, 128, 0, s>>>(d);
-  if (re == Elem::F16) kivi_append_batch_kernel<__half><<<grid, 128, 0, s>>>(d);
-  if (re == Elem::BF16) kivi_append_batch_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(d);
+  if (re == Elem::F32) launch(kivi_append_batch_kernel<float>, grid, 128, 0, s, d);
+  if (re == Elem::F16) launch(kivi_append_batch_kernel<__half>, grid, 128, 0, s, d);
+  if (re == Elem::BF16) launch(kivi_append_batch_kernel<__nv_bfloat16>, grid, 128, 0, s, d);
 }
 
 void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int S, const KiviDecPlan& plan, Elem re,
@@ -1013,7 +1021,7 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
     c.bits = bits;
     bool done = false;
     kivi_dispatch<AttendKiviDecLaunch>(c, AttendKivi{}, d, dim3(kvh, S, B), hd, nh / kvh, plan, done, s);
-    combine_batch_kernel<AttendKivi><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+    launch(combine_batch_kernel<AttendKivi>, dim3(nh, B), 128, 0, s, d, S, hd);
     return;
   }
   const int hpb = heads_per_block(nh / kvh, S);
@@ -1023,7 +1031,7 @@ void attend_kivi_batch(const AttendKivi* d, int B, int nh, int kvh, int hd, int 
   c.re = re;
   c.bits = bits;
   kivi_dispatch<AttendKiviBatchLaunch>(c, d, grid, hpb, chunk, shmem, s);
-  combine_batch_kernel<AttendKivi><<<dim3(nh, B), 128, 0, s>>>(d, S, hd);
+  launch(combine_batch_kernel<AttendKivi>, dim3(nh, B), 128, 0, s, d, S, hd);
 }
 
 void attend_kivi(const AttendKivi& a, cudaStream_t s) {
