@@ -8,7 +8,9 @@
 # prebuilt/ (posttrainllm, cuda_backend_test, cuda_attn_bench built with
 # -DPTLLM_SHARED_DIR=/tmp/ptllm-shared-lite, as bin.tar.xz; lib.tar.gz: the .so
 # files the device lacks), shared-lite/ and cuda_device_env.sh.
-# PART=tests|b1|batch|all (default all). ROUNDS (default 3) rounds of alternation.
+# PART=tests|b1|batch|all (default all), or nt: batch 64 x 8K int4 with the KIVI decode
+# kernel's tiles per split forced (PTLLM_CUDA_KIVI_NT in NTS), kind 1, and the plan, against
+# fp16, alternated. ROUNDS (default 3) rounds of alternation.
 # Results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -105,6 +107,20 @@ if [ "$PART" = all ] || [ "$PART" = batch ]; then
       r=$(PTLLM_CUDA_PDL=$1 timeout 200 $B/posttrainllm bench /tmp/l8b.gguf --device cuda -p 0 --json --batch 64 -d 8192 \
           -n $GEN -r 3 --kv-quantize $2 2>&1 | tr -d '\n')
       echo "round $round pdl=$1 $2 $r" >> "$OUT/bench_b64.jsonl"; echo "$r" | show "round $round pdl=$1 $2"
+    done
+  done
+fi
+if [ "$PART" = nt ]; then
+  echo "== Llama-3.1-8B shape, $LAYERS layers; batch 64 x 8,192: fp16, int4 by plan, kind 1, tiled with NT in ${NTS:=2 3 8 16}"
+  $B/posttrainllm make-random /tmp/l8b.gguf --preset llama-3.1-8b --layers $LAYERS --type bf16 2>&1 | tail -1
+  for round in $(seq "$ROUNDS"); do
+    set -- "X=0 fp16" "X=0 int4" "PTLLM_CUDA_KIVI_DEC=1 int4"
+    for nt in $NTS; do set -- "$@" "PTLLM_CUDA_KIVI_NT=$nt int4"; done
+    for v in "$@"; do
+      set -- $v
+      r=$(env $1 timeout 200 $B/posttrainllm bench /tmp/l8b.gguf --device cuda -p 0 --json --batch 64 -d 8192 \
+          -n $GEN -r 3 --kv-quantize $2 2>&1 | tr -d '\n')
+      echo "round $round $1 $2 $r" >> "$OUT/bench_nt.jsonl"; echo "$r" | show "round $round $1 $2"
     done
   done
 fi
