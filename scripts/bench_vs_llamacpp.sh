@@ -19,11 +19,21 @@
 # Likewise at each of LLAMA_MMAP (default "1 0": mapped, and read into memory
 # as llama.cpp's --no-mmap): ours reads the file into memory with huge pages
 # by default (io/mmap.h), so llama.cpp is timed both ways and keeps its best.
+# LLAMA_LOGITS (default 1): llama.cpp computes the logits of every decoded token and
+# of the prompt's last, as llama-bench and ours do; 0 times it without the output
+# layer, as this script did before session 15 (llamacpp_bench.mjs --logits).
+# BW=1 (default, when build/bench/kernels_bench exists) measures the DRAM read
+# bandwidth (ReadBandwidth, 1 GiB, THREADS threads, 2 KiB software prefetch as the
+# decode kernels do) before each file in each round, so that "ours GB/s" has a
+# denominator taken minutes, not hours, from it: the table's "% of read" is ours
+# against the median of that file's bandwidth samples.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-512} N=${N:-128} R=${R:-3} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-2}
 LLAMA_THREADS=${LLAMA_THREADS:-$( [ "$THREADS" -gt 1 ] && echo "1 $THREADS" || echo 1 )}
 LLAMA_MMAP=${LLAMA_MMAP:-1 0}
+LLAMA_LOGITS=${LLAMA_LOGITS:-1}
+BW=${BW:-1}
 BUILD=${BUILD_DIR:-build}
 BIN="$BUILD/app/posttrainllm"
 [ $# -ge 1 ] || { echo "usage: scripts/bench_vs_llamacpp.sh FILE.gguf|OURS:LLAMA.gguf ..." >&2; exit 2; }
@@ -34,7 +44,7 @@ done
 # With JSON=FILE the raw runs go to FILE as they finish (kept if the run is cut short).
 if [ -n "${JSON:-}" ]; then raw=$JSON; : >"$raw"; else raw=$(mktemp); trap 'rm -f "$raw"' EXIT; fi
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
-     "P=$P N=$N R=$R ROUNDS=$ROUNDS THREADS=$THREADS LLAMA_THREADS=\"$LLAMA_THREADS\" LLAMA_MMAP=\"$LLAMA_MMAP\"" >&2
+     "P=$P N=$N R=$R ROUNDS=$ROUNDS THREADS=$THREADS LLAMA_THREADS=\"$LLAMA_THREADS\" LLAMA_MMAP=\"$LLAMA_MMAP\" LLAMA_LOGITS=$LLAMA_LOGITS" >&2
 ours() { "$BIN" bench "$1" -p "$P" -n "$N" -r "$R" --threads "$THREADS" --json 2>/dev/null | python3 -c "
 import json, sys; j = json.load(sys.stdin)
 print(json.dumps({'engine': 'ours', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'simd': j['simd'],
@@ -44,16 +54,25 @@ theirs() {
   local t m
   for t in $LLAMA_THREADS; do
     for m in $LLAMA_MMAP; do
-      node scripts/llamacpp_bench.mjs "$1" -p "$P" -n "$N" -r "$R" --threads "$t" --mmap "$m" | python3 -c "
+      node scripts/llamacpp_bench.mjs "$1" -p "$P" -n "$N" -r "$R" --threads "$t" --mmap "$m" --logits "$LLAMA_LOGITS" | python3 -c "
 import json, sys; j = json.load(sys.stdin)
 print(json.dumps({'engine': 'llama.cpp', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'threads': int(sys.argv[3]),
   'mmap': int(sys.argv[4]), 'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean')}))" "$2" "$3" "$t" "$m"
     done
   done
 }
+bandwidth() {
+  local kb="$BUILD/bench/kernels_bench"
+  [ "$BW" = 1 ] && [ -x "$kb" ] || return 0
+  "$kb" --benchmark_filter="ReadBandwidth/bytes:1073741824/threads:$THREADS/prefetch:2048" --benchmark_min_time=0.5 \
+      --benchmark_format=json 2>/dev/null | python3 -c "
+import json, sys; j = json.load(sys.stdin); b = j['benchmarks'][0]
+print(json.dumps({'engine': 'bandwidth', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'gbps': b['bytes_per_second'] / 1e9}))" "$1" "$2"
+}
 for round in $(seq 1 "$ROUNDS"); do
   for spec in "$@"; do
     o=${spec%%:*}; l=${spec#*:}
+    bandwidth "$spec" "$round" >>"$raw"
     if [ $((round % 2)) -eq 1 ]; then
       ours "$o" "$spec" "$round" >>"$raw"; theirs "$l" "$spec" "$round" >>"$raw"
     else
@@ -67,8 +86,8 @@ import json, os, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 P, N, specs = sys.argv[2], sys.argv[3], sys.argv[4:]
 med = lambda xs: statistics.median(xs) if xs else float('nan')
-print(f"| file (ours : llama.cpp) | pp{P} ours | pp{P} llama.cpp (threads, mmap) | ratio | tg{N} ours | tg{N} llama.cpp (threads, mmap) | ratio | ours GB/s |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print(f"| file (ours : llama.cpp) | pp{P} ours | pp{P} llama.cpp (threads, mmap) | ratio | tg{N} ours | tg{N} llama.cpp (threads, mmap) | ratio | ours GB/s | read GB/s | % of read |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for s in specs:
     def get(e, k):
         vals = {}
@@ -81,6 +100,7 @@ for s in specs:
                                       for rd in {r['round'] for r in runs if r['key'] == s}] or ['-'])
     op, lp, od, ld = med(get('ours', 'prefill')), med(get('llama.cpp', 'prefill')), med(get('ours', 'decode')), med(get('llama.cpp', 'decode'))
     b = med(get('ours', 'bytes_per_token'))
+    bw = med([r['gbps'] for r in runs if r['key'] == s and r['engine'] == 'bandwidth'])
     name = ' : '.join(os.path.basename(x) for x in s.split(':', 1))
-    print(f"| {name} | {op:.1f} | {lp:.1f} ({best('prefill')}) | {op / lp:.2f} | {od:.1f} | {ld:.1f} ({best('decode')}) | {od / ld:.2f} | {b * od / 1e9:.1f} |")
+    print(f"| {name} | {op:.1f} | {lp:.1f} ({best('prefill')}) | {op / lp:.2f} | {od:.1f} | {ld:.1f} ({best('decode')}) | {od / ld:.2f} | {b * od / 1e9:.1f} | {bw:.1f} | {100 * b * od / 1e9 / bw:.0f}% |")
 EOF

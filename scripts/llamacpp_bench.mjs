@@ -2,14 +2,20 @@
 // llama.cpp (node-llama-cpp, pinned in tools/anchors) timed the way
 // `posttrainllm bench` times us, so the two can be run side by side on one
 // GGUF file (scripts/bench_vs_llamacpp.sh alternates them):
-//   prefill = one evaluateWithoutGeneratingNewTokens() of P tokens on an empty
-//             sequence (llama-bench's pp);
-//   decode  = from an empty sequence, N calls of one token each (llama-bench's
-//             tg: no prompt in the cache, one llama_decode per token).
+//   prefill = one evaluation of P tokens on an empty sequence, logits for the
+//             last one (llama-bench's pp: llama_batch_get_one, whose batch
+//             outputs its last token);
+//   decode  = from an empty sequence, N calls of one token each, each with its
+//             logits (llama-bench's tg: one llama_decode per token, the output
+//             layer included), the next token picked greedily as ours is not.
+// --logits 0 times them as sessions 5-14 did, with evaluateWithoutGeneratingNewTokens():
+// that marks no token as an output, so llama.cpp skips the final norm and the
+// output projection altogether (the LM head: 21% of the 1B shape's bytes, 31% of
+// flagship-27m's), which `posttrainllm bench` always runs (docs/BENCHMARKS.md, Session 15).
 // One untimed warm-up of each first (faults the weights in, sizes buffers),
 // then --repeat timed runs. Prints one JSON line with every run's tokens/s.
 //
-//   node scripts/llamacpp_bench.mjs FILE.gguf [-p 512] [-n 128] [-r 5] [--threads 2] [--mmap 1]
+//   node scripts/llamacpp_bench.mjs FILE.gguf [-p 512] [-n 128] [-r 5] [--threads 2] [--mmap 1] [--logits 1]
 // --mmap 0 loads the file into memory (llama.cpp's --no-mmap) instead of mapping it.
 import fs from "node:fs";
 import path from "node:path";
@@ -17,11 +23,11 @@ import { importNodeLlamaCpp } from "./lib/node_llama.mjs";
 
 function usage(msg) {
   if (msg) console.error(`llamacpp_bench: ${msg}`);
-  console.error("usage: llamacpp_bench.mjs FILE.gguf [-p P] [-n N] [-r R] [--threads T] [--mmap 0|1]");
+  console.error("usage: llamacpp_bench.mjs FILE.gguf [-p P] [-n N] [-r R] [--threads T] [--mmap 0|1] [--logits 0|1]");
   process.exit(2);
 }
-const names = { "-p": "p", "-n": "n", "-r": "r", "--threads": "threads", "--mmap": "mmap" };
-const opt = { p: 512, n: 128, r: 5, threads: 2, mmap: 1 };
+const names = { "-p": "p", "-n": "n", "-r": "r", "--threads": "threads", "--mmap": "mmap", "--logits": "logits" };
+const opt = { p: 512, n: 128, r: 5, threads: 2, mmap: 1, logits: 1 };
 let file = null;
 const args = process.argv.slice(2);
 for (let i = 0; i < args.length; ++i) {
@@ -30,8 +36,8 @@ for (let i = 0; i < args.length; ++i) {
     if (!(a in names)) usage(`unknown flag ${a}`);
     if (i + 1 >= args.length) usage(`${a} needs a value`);
     const v = Number(args[++i]);
-    if (a === "--mmap" && v !== 0 && v !== 1) usage(`--mmap ${args[i]}: expected 0 or 1`);
-    if (!Number.isInteger(v) || v < 0 || (a !== "-p" && a !== "-n" && a !== "--mmap" && v < 1)) usage(`${a} ${args[i]}: expected a ${a === "-p" || a === "-n" ? "non-negative" : "positive"} integer`);
+    if ((a === "--mmap" || a === "--logits") && v !== 0 && v !== 1) usage(`${a} ${args[i]}: expected 0 or 1`);
+    if (!Number.isInteger(v) || v < 0 || (a !== "-p" && a !== "-n" && a !== "--mmap" && a !== "--logits" && v < 1)) usage(`${a} ${args[i]}: expected a ${a === "-p" || a === "-n" ? "non-negative" : "positive"} integer`);
     opt[names[a]] = v;
   } else if (file === null) file = a;
   else usage(`unexpected argument ${a}`);
@@ -54,20 +60,24 @@ try {
   const ids = (k) => Array.from({ length: k }, (_, i) => 3 + ((i * 7919 + 13) % Math.max(1, Math.min(vocab, 32000) - 3)));
   const prompt = ids(opt.p), gen = ids(opt.n);
   const seq = context.getSequence();
+  // A token marked this way is an output: its logits are computed (and a next token picked).
+  const withLogits = { generateNext: { token: true, options: { temperature: 0 } } };
 
   const timePrefill = async () => {
     await seq.clearHistory();
     const t0 = performance.now();
-    await seq.evaluateWithoutGeneratingNewTokens(prompt);
+    if (opt.logits) await seq.controlledEvaluate([...prompt.slice(0, -1), [prompt[prompt.length - 1], withLogits]]);
+    else await seq.evaluateWithoutGeneratingNewTokens(prompt);
     return opt.p / ((performance.now() - t0) / 1000);
   };
   const timeDecode = async () => {
     await seq.clearHistory();
     const t0 = performance.now();
-    for (const id of gen) await seq.evaluateWithoutGeneratingNewTokens([id]);
+    if (opt.logits) for (const id of gen) await seq.controlledEvaluate([[id, withLogits]]);
+    else for (const id of gen) await seq.evaluateWithoutGeneratingNewTokens([id]);
     return opt.n / ((performance.now() - t0) / 1000);
   };
-  const out = { engine: "llama.cpp (node-llama-cpp 3.21.1)", file: path.basename(file), threads: opt.threads, mmap: opt.mmap, repeat: opt.r };
+  const out = { engine: "llama.cpp (node-llama-cpp 3.21.1)", file: path.basename(file), threads: opt.threads, mmap: opt.mmap, logits: opt.logits, repeat: opt.r };
   if (opt.p > 0) {
     await timePrefill();
     const tps = [];
