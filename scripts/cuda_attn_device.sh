@@ -28,27 +28,12 @@ if [ "$PART" = all ] || [ "$PART" = tests ]; then
       --gtest_filter='*BatchKivi*:*Stories260K*:*Llama*:*Qwen*:*Batch*' 2>&1 | filter |
       sed "s/^/$v: /" | tee -a "$OUT/tests_kivi_variants.txt" | grep -v "OK \]\|: $\|max rel"
   done
-  M=shared-lite/models/stories260K
   KIVI="--kivi-group 8 --kivi-residual 16"
   echo "== sample cpu vs cuda (stories260K, greedy)"
-  i=0; T=$(mktemp -d)
-  for q in "--kv-quantize int4 $KIVI" "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" \
-           "--kv-quantize int8" "--kv-quantize int4"; do
-    i=$((i + 1))
-    $B/posttrainllm sample $M -p "Once upon a time" -n 200 -t 0 $q > "$T/s${i}_cpu.txt" 2>/dev/null
-    $B/posttrainllm sample $M -p "Once upon a time" -n 200 -t 0 $q --device cuda > "$T/s${i}_gpu.txt" 2>/dev/null
-    cmp -s "$T/s${i}_cpu.txt" "$T/s${i}_gpu.txt" && echo "[$q] sample text identical" ||
-      { echo "[$q] differs:"; diff "$T/s${i}_cpu.txt" "$T/s${i}_gpu.txt" | head -6; }
-  done
+  sample_cpu_vs_gpu 200 "--kv-quantize int4 $KIVI" "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" \
+    "--kv-quantize int8" "--kv-quantize int4"
   echo "== perplexity through the cache, real text (stories260K, 4 windows of 256)"
-  for q in "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4" "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"; do
-    for dev in cpu cuda; do
-      r=$($B/posttrainllm perplexity $M shared-lite/text.txt -w 256 -k 4 --cache-only -q --json --device $dev \
-          --kv-quantize $q 2>&1 | tr -d '\n')
-      echo "$dev [$q] $r" >> "$OUT/ppl.jsonl"
-      echo "$r" | python3 -c "import json,sys; r=json.load(sys.stdin)['results'][0]['through_cache']; print('$dev', '[$q]', 'ppl', repr(r['ppl']))" 2>/dev/null || echo "$dev [$q] $r" | cut -c1-300
-    done
-  done
+  ppl_cpu_vs_gpu 4 "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4" "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"
 fi
 if [ "$PART" = all ] || [ "$PART" = micro ]; then
   echo "== decode attention alone (one layer, 8 KV heads x 128, 32 query heads), kernels alternated"

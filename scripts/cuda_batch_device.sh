@@ -27,27 +27,12 @@ if [ "$PART" != bench ]; then
   PTLLM_CUDA_KIVI_DEC=0 timeout 120 $B/cuda_backend_test --gtest_color=no --gtest_filter='*KiviLayer*:*BatchKivi*' 2>&1 |
     grep -v "^\[ RUN\|Google Test trace" | sed "s/^/PTLLM_CUDA_KIVI_DEC=0: /" | tee -a "$OUT/tests_kivi_variants.txt" |
     grep -v "OK \]\|: $"
-  M=shared-lite/models/stories260K
   KIVI="--kivi-group 8 --kivi-residual 16"
   echo "== sample cpu vs cuda (stories260K, greedy)"
-  i=0
-  for q in "--kv-quantize fp16" "--kv-quantize int4 $KIVI" \
-           "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" "--kv-quantize int8"; do
-    i=$((i + 1))
-    $B/posttrainllm sample $M -p "Once upon a time" -n 100 -t 0 $q > "$OUT/s${i}_cpu.txt" 2>/dev/null
-    $B/posttrainllm sample $M -p "Once upon a time" -n 100 -t 0 $q --device cuda > "$OUT/s${i}_gpu.txt" 2>/dev/null
-    cmp -s "$OUT/s${i}_cpu.txt" "$OUT/s${i}_gpu.txt" && echo "[$q] sample text identical" ||
-      { echo "[$q] differs:"; diff "$OUT/s${i}_cpu.txt" "$OUT/s${i}_gpu.txt" | head -6; }
-  done
+  sample_cpu_vs_gpu 100 "--kv-quantize fp16" "--kv-quantize int4 $KIVI" \
+    "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" "--kv-quantize int8"
   echo "== perplexity through the cache, real text (stories260K, 4 windows of 256: prefill chunks through cuBLAS)"
-  for q in "fp16" "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"; do
-    for dev in cpu cuda; do
-      r=$($B/posttrainllm perplexity $M shared-lite/text.txt -w 256 -k 4 --cache-only -q --json --device $dev \
-          --kv-quantize $q 2>&1 | tr -d '\n')
-      echo "$dev [$q] $r" >> "$OUT/ppl.jsonl"
-      echo "$r" | python3 -c "import json,sys; r=json.load(sys.stdin)['results'][0]['through_cache']; print('$dev', '[$q]', 'ppl', repr(r['ppl']))" 2>/dev/null || echo "$dev [$q] $r" | cut -c1-300
-    done
-  done
+  ppl_cpu_vs_gpu 4 "fp16" "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"
 fi
 [ "$PART" = tests ] && exit 0
 if [ "$PART" = micro ] || [ "$PART" = all ]; then

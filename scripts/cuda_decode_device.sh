@@ -27,13 +27,8 @@ if [ "$PART" != bench ]; then
       grep -v "^\[ RUN\|Google Test trace" | sed "s/^/PTLLM_CUDA_GEMV1=$g: /" | tee -a "$OUT/tests_gemv1.txt" |
       grep -v "OK \]\|: $\|max rel"
   done
-  M=shared-lite/models/stories260K
   echo "== sample cpu vs cuda (stories260K, greedy, fused launches)"
-  for q in "--kv-quantize fp16" "--kv-quantize int4 --kivi-group 8 --kivi-residual 16"; do
-    a=$($B/posttrainllm sample $M -p "Once upon a time" -n 100 -t 0 $q 2>/dev/null)
-    b=$($B/posttrainllm sample $M -p "Once upon a time" -n 100 -t 0 $q --device cuda 2>/dev/null)
-    [ "$a" = "$b" ] && echo "[$q] sample text identical" || { echo "[$q] differs"; echo "$a" | head -3; echo "$b" | head -3; }
-  done
+  sample_cpu_vs_gpu 100 "--kv-quantize fp16" "--kv-quantize int4 --kivi-group 8 --kivi-residual 16"
 fi
 [ "$PART" = tests ] && exit 0
 # Variants (PTLLM_CUDA_FUSE, PTLLM_CUDA_GEMV1, PTLLM_CUDA_PINNED): 0 0 0 = before session 13;

@@ -25,3 +25,38 @@ device_preamble() {
     echo "prebuilt binaries do not run here"; ldd $B/posttrainllm | grep "not found"; exit 1
   fi
 }
+
+# CPU against GPU through the CLI on the lite shared folder's stories260K, for the device
+# scripts' test parts (one copy of each loop, used by all of them):
+# sample_cpu_vs_gpu N SETTING...: greedy text of N tokens per cache setting (one argument
+# each, e.g. "--kv-quantize int4 --kivi-group 8"): "identical", or the first lines of the diff.
+sample_cpu_vs_gpu() {
+  local n=$1 m=shared-lite/models/stories260K t q; shift
+  t=$(mktemp -d)
+  for q in "$@"; do
+    $B/posttrainllm sample $m -p "Once upon a time" -n "$n" -t 0 $q > "$t/cpu.txt" 2>/dev/null
+    $B/posttrainllm sample $m -p "Once upon a time" -n "$n" -t 0 $q --device cuda > "$t/gpu.txt" 2>/dev/null
+    if cmp -s "$t/cpu.txt" "$t/gpu.txt"; then echo "[$q] sample text identical"
+    else echo "[$q] differs:"; diff "$t/cpu.txt" "$t/gpu.txt" | head -6; fi
+  done
+  rm -rf "$t"
+}
+# ppl_cpu_vs_gpu K SETTING...: perplexity through the cache over shared-lite/text.txt (K windows
+# of 256) per --kv-quantize setting, on the CPU and the GPU: both and their relative difference;
+# the raw JSON lines go to $OUT/ppl.jsonl.
+ppl_cpu_vs_gpu() {
+  local k=$1 m=shared-lite/models/stories260K q dev r p line; shift
+  for q in "$@"; do
+    line="k=$k [$q]"
+    for dev in cpu cuda; do
+      r=$($B/posttrainllm perplexity $m shared-lite/text.txt -w 256 -k "$k" --cache-only -q --json --device $dev \
+          --kv-quantize $q 2>&1 | tr -d '\n')
+      echo "$dev k=$k [$q] $r" >> "$OUT/ppl.jsonl"
+      p=$(echo "$r" | python3 -c "import json,sys; print(repr(json.load(sys.stdin)['results'][0]['through_cache']['ppl']))" 2>/dev/null || echo nan)
+      line="$line $dev $p"
+    done
+    echo "$line" | python3 -c "
+import sys; w = sys.stdin.read().split(); c, g = float(w[-3]), float(w[-1])
+print(' '.join(w), ' rel diff %.4f%%' % (abs(g - c) / c * 100))" 2>/dev/null || echo "$line"
+  done
+}

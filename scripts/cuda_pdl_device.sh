@@ -32,34 +32,14 @@ if [ "$PART" = all ] || [ "$PART" = tests ]; then
   done
   echo "== tests, PTLLM_CUDA_PDL=0"
   PTLLM_CUDA_PDL=0 timeout 300 $B/cuda_backend_test --gtest_color=no 2>&1 | filter | tee "$OUT/tests_nopdl.txt" | summary
-  M=shared-lite/models/stories260K
   KIVI="--kivi-group 8 --kivi-residual 16"
   echo "== sample cpu vs cuda (stories260K, greedy, 200 tokens)"
-  i=0; T=$(mktemp -d)
-  for q in "--kv-quantize fp16" "--kv-quantize int4 $KIVI" \
-           "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" "--kv-quantize int8"; do
-    i=$((i + 1))
-    $B/posttrainllm sample $M -p "Once upon a time" -n 200 -t 0 $q > "$T/s${i}_cpu.txt" 2>/dev/null
-    $B/posttrainllm sample $M -p "Once upon a time" -n 200 -t 0 $q --device cuda > "$T/s${i}_gpu.txt" 2>/dev/null
-    cmp -s "$T/s${i}_cpu.txt" "$T/s${i}_gpu.txt" && echo "[$q] sample text identical" ||
-      { echo "[$q] differs:"; diff "$T/s${i}_cpu.txt" "$T/s${i}_gpu.txt" | head -6; }
-  done
+  sample_cpu_vs_gpu 200 "--kv-quantize fp16" "--kv-quantize int4 $KIVI" \
+    "--kv-quantize int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 40" "--kv-quantize int8"
   echo "== perplexity through the cache, CPU vs GPU (stories260K, the held-out Alice text, windows of 256)"
   for k in 4 32; do
-    for q in "fp16" "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4" "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100" \
-             "int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"; do
-      line="k=$k [$q]"
-      for dev in cpu cuda; do
-        r=$($B/posttrainllm perplexity $M shared-lite/text.txt -w 256 -k $k --cache-only -q --json --device $dev \
-            --kv-quantize $q 2>&1 | tr -d '\n')
-        echo "$dev k=$k [$q] $r" >> "$OUT/ppl.jsonl"
-        p=$(echo "$r" | python3 -c "import json,sys; r=json.load(sys.stdin)['results'][0]['through_cache']; print(repr(r['ppl']))" 2>/dev/null || echo nan)
-        line="$line $dev $p"
-      done
-      echo "$line" | python3 -c "
-import sys; w = sys.stdin.read().split(); c, g = float(w[-3]), float(w[-1])
-print(' '.join(w), ' rel diff %.4f%%' % (abs(g - c) / c * 100))" 2>/dev/null || echo "$line"
-    done
+    ppl_cpu_vs_gpu $k "fp16" "int8 $KIVI" "int4 $KIVI" "int2 $KIVI" "int4" \
+      "int4 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100" "int2 $KIVI --streaming-llm-sink 4 --streaming-llm-window 100"
   done
 fi
 if [ "$PART" = all ] || [ "$PART" = b1 ]; then
