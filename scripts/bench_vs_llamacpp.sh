@@ -57,17 +57,19 @@ theirs() {
       node scripts/llamacpp_bench.mjs "$1" -p "$P" -n "$N" -r "$R" --threads "$t" --mmap "$m" --logits "$LLAMA_LOGITS" | python3 -c "
 import json, sys; j = json.load(sys.stdin)
 print(json.dumps({'engine': 'llama.cpp', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'threads': int(sys.argv[3]),
-  'mmap': int(sys.argv[4]), 'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean')}))" "$2" "$3" "$t" "$m"
+  'mmap': int(sys.argv[4]), 'logits': j.get('logits'), 'prefill': j.get('prefill', {}).get('tps_mean'), 'decode': j.get('decode', {}).get('tps_mean')}))" "$2" "$3" "$t" "$m"
     done
   done
 }
-bandwidth() {
-  local kb="$BUILD/bench/kernels_bench"
+bandwidth() {  # a missing sample (no kernels_bench, a THREADS it has no case for) leaves the column "-"
+  local kb="$BUILD/bench/kernels_bench" out
   [ "$BW" = 1 ] && [ -x "$kb" ] || return 0
-  "$kb" --benchmark_filter="ReadBandwidth/bytes:1073741824/threads:$THREADS/prefetch:2048" --benchmark_min_time=0.5 \
-      --benchmark_format=json 2>/dev/null | python3 -c "
+  out=$("$kb" --benchmark_filter="ReadBandwidth/bytes:1073741824/threads:$THREADS/prefetch:2048" --benchmark_min_time=0.5 \
+      --benchmark_format=json 2>/dev/null) || return 0
+  echo "$out" | python3 -c "
 import json, sys; j = json.load(sys.stdin); b = j['benchmarks'][0]
-print(json.dumps({'engine': 'bandwidth', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'gbps': b['bytes_per_second'] / 1e9}))" "$1" "$2"
+print(json.dumps({'engine': 'bandwidth', 'key': sys.argv[1], 'round': int(sys.argv[2]), 'gbps': b['bytes_per_second'] / 1e9}))" "$1" "$2" \
+    2>/dev/null || true
 }
 for round in $(seq 1 "$ROUNDS"); do
   for spec in "$@"; do
@@ -102,5 +104,6 @@ for s in specs:
     b = med(get('ours', 'bytes_per_token'))
     bw = med([r['gbps'] for r in runs if r['key'] == s and r['engine'] == 'bandwidth'])
     name = ' : '.join(os.path.basename(x) for x in s.split(':', 1))
-    print(f"| {name} | {op:.1f} | {lp:.1f} ({best('prefill')}) | {op / lp:.2f} | {od:.1f} | {ld:.1f} ({best('decode')}) | {od / ld:.2f} | {b * od / 1e9:.1f} | {bw:.1f} | {100 * b * od / 1e9 / bw:.0f}% |")
+    bwc = f"{bw:.1f} | {100 * b * od / 1e9 / bw:.0f}%" if bw == bw else "- | -"
+    print(f"| {name} | {op:.1f} | {lp:.1f} ({best('prefill')}) | {op / lp:.2f} | {od:.1f} | {ld:.1f} ({best('decode')}) | {od / ld:.2f} | {b * od / 1e9:.1f} | {bwc} |")
 EOF

@@ -1,4 +1,4 @@
-# Sourced by the device scripts (cuda_batch_device.sh, cuda_serve_device.sh), run from a
+# Sourced by the device scripts (cuda_{attn,batch,decode,kivi,pdl,serve}_device.sh), run from a
 # folder holding prebuilt/ (posttrainllm and the test binaries, or bin.tar.xz of them;
 # lib.tar.gz: the .so files the device lacks): unpacks them, finds a cuBLAS for the GEMM
 # path (loaded at run time: the toolkit's, else the one PyTorch's wheels bring) and sets
@@ -29,14 +29,17 @@ device_preamble() {
 # CPU against GPU through the CLI on the lite shared folder's stories260K, for the device
 # scripts' test parts (one copy of each loop, used by all of them):
 # sample_cpu_vs_gpu N SETTING...: greedy text of N tokens per cache setting (one argument
-# each, e.g. "--kv-quantize int4 --kivi-group 8"): "identical", or the first lines of the diff.
+# each, e.g. "--kv-quantize int4 --kivi-group 8"): "identical", the first lines of the diff, or
+# which side failed (a failed or empty run is never "identical").
 sample_cpu_vs_gpu() {
-  local n=$1 m=shared-lite/models/stories260K t q; shift
+  local n=$1 m=shared-lite/models/stories260K t q rc rg; shift
   t=$(mktemp -d)
   for q in "$@"; do
-    $B/posttrainllm sample $m -p "Once upon a time" -n "$n" -t 0 $q > "$t/cpu.txt" 2>/dev/null
-    $B/posttrainllm sample $m -p "Once upon a time" -n "$n" -t 0 $q --device cuda > "$t/gpu.txt" 2>/dev/null
-    if cmp -s "$t/cpu.txt" "$t/gpu.txt"; then echo "[$q] sample text identical"
+    $B/posttrainllm sample $m -p "Once upon a time" -n "$n" -t 0 $q > "$t/cpu.txt" 2>"$t/cpu.err"; rc=$?
+    $B/posttrainllm sample $m -p "Once upon a time" -n "$n" -t 0 $q --device cuda > "$t/gpu.txt" 2>"$t/gpu.err"; rg=$?
+    if [ $rc -ne 0 ] || [ $rg -ne 0 ] || [ ! -s "$t/cpu.txt" ]; then
+      echo "[$q] FAILED (cpu rc $rc, cuda rc $rg): $(tail -1 "$t/cpu.err") $(tail -1 "$t/gpu.err")"
+    elif cmp -s "$t/cpu.txt" "$t/gpu.txt"; then echo "[$q] sample text identical"
     else echo "[$q] differs:"; diff "$t/cpu.txt" "$t/gpu.txt" | head -6; fi
   done
   rm -rf "$t"

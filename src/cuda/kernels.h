@@ -20,6 +20,9 @@ void embed(Elem e, const void* E, const int32_t* ids, int n, int H, float* x, cu
 void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out, cudaStream_t s);
 // y[m, :] (+)= W x[m, :] + bias for m < M; W [N, K] row-major (an nn.Linear
 // weight), x [M, K], y [M, N]. Each weight is read once per 8 rows.
+// W must not be written by work still pending on the stream: the one-row kernels
+// read their first weight chunk before waiting on the previous launch (programmatic
+// dependent launch, kernels_common.cuh). Weights are uploaded and synchronized once.
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool accumulate,
           cudaStream_t s);
 // Several projections of the same x in one launch: segment i is gemv(e, W, x,

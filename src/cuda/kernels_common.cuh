@@ -18,15 +18,21 @@ namespace ptllm::cuda::k {
 // stream still runs, and every kernel calls pdl_enter() in all its threads before it reads
 // anything an earlier launch wrote or writes anything: griddepcontrol.wait (the previous
 // kernel has finished and its writes are visible), then griddepcontrol.launch_dependents
-// (the next kernel may start launching). Only the GEMV kernels do work before it: the
-// loads of their first weight chunk, which no kernel of a step writes. So a decode step's
-// ~9 launches per layer overlap each one's launch latency and the GEMV's first DRAM round
-// trip with the kernel before it (docs/CUDA.md, Session 15). Since every thread waits
-// before it exits, a kernel's completion implies its predecessor's, and a kernel reading
-// what was written two or more launches back sees it too. A kernel that follows a copy,
-// or a cuBLAS kernel (which never triggers early), waits for it as a plain launch would.
-// On older GPUs, or with PTLLM_CUDA_PDL=0, launch() is a plain launch and pdl_enter()
-// returns at once (no prerequisite grid).
+// (the next kernel may start launching). Only the one-row GEMV kernels (gemv1_kernel,
+// gemv1p_kernel) do work before it: the loads of their first weight chunk, which no
+// kernel of a step writes (kernels.h, gemv). So a decode step's ~10 launches per layer
+// overlap each one's launch latency and the GEMV's first DRAM round trip with the kernel
+// before it (docs/CUDA.md, Session 15). Since every thread waits before it exits, a
+// kernel's completion implies its predecessor's, and a kernel reading what was written
+// two or more launches back sees it too. After a copy or a cuBLAS kernel our kernels
+// wait in pdl_enter() all the same, so correctness does not depend on when those let
+// their successor start. pdl_enabled() is false (launch() a plain launch, pdl_enter()
+// returning at once: no prerequisite grid) with PTLLM_CUDA_PDL=0 (exactly "0") or on a GPU
+// below compute capability 9.0. Not handled: kernels compiled only for a virtual
+// architecture below compute_90 and JIT-run on a 9.0 GPU would launch this way with an
+// empty pdl_enter(); build for the GPU (CMAKE_CUDA_ARCHITECTURES, default 90a) or set
+// PTLLM_CUDA_PDL=0. (A cudaFuncGetAttributes ptxVersion check was written for this and
+// not kept: it could not be run on the H200 before the session ended.)
 bool pdl_enabled();
 
 __device__ __forceinline__ void pdl_enter() {

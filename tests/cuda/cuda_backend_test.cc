@@ -605,6 +605,9 @@ TEST(CudaBackend, FusedGemvMatchesSeparateLaunches) {
           dw[i].reserve(w[size_t(i)].size() * size_t(es));
           cuda::check(cudaMemcpy(dwf.p, w[size_t(i)].data(), w[size_t(i)].size() * 4, cudaMemcpyHostToDevice), "copy");
           cuda::k::convert(dwf.f(), e, dw[i].p, int64_t(w[size_t(i)].size()), nullptr);
+          // The GEMV kernels read their first weight chunk before waiting on the previous
+          // launch (kernels.h): the weights must be complete before any GEMV is launched.
+          cuda::check(cudaDeviceSynchronize(), "convert");
           db[i].reserve(bias[size_t(i)].size() * 4);
           cuda::check(cudaMemcpy(db[i].p, bias[size_t(i)].data(), bias[size_t(i)].size() * 4, cudaMemcpyHostToDevice),
                       "copy");
