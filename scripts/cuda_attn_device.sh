@@ -17,7 +17,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-all}; ROUNDS=${ROUNDS:-2}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}
 . "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH, device_preamble
 device_preamble
-filter() { grep -v "^\[ RUN\|Google Test trace"; }
 if [ "$PART" = all ] || [ "$PART" = tests ]; then
   echo "== tests (defaults)"
   timeout 300 $B/cuda_backend_test --gtest_color=no 2>&1 | filter | tee "$OUT/tests.txt" |
@@ -82,12 +81,6 @@ PY
   fi
 fi
 if [ "$PART" = all ] || [ "$PART" = batch ]; then
-  show() {  # one bench JSON line -> a summary
-    python3 -c "
-import json,sys
-j=json.loads(sys.stdin.read()); d=j['decode']
-print('%-40s tok/s %8.1f +- %6.1f  ms/step %7.2f  read %.0f GB/s' % ('$1', d['tps_mean'], d['tps_sd'], d.get('ms_per_step', 1000/d['tps_mean']), d['achieved_read_gb_per_s']))" 2>/dev/null || cut -c1-400
-  }
   echo "== Llama-3.1-8B shape, $LAYERS layers, bf16 weights, random; batch 64 x 8,192 stored tokens"
   /usr/bin/time -f "make-random %e s" $B/posttrainllm make-random /tmp/l8b.gguf --preset llama-3.1-8b --layers $LAYERS --type bf16 2>&1 | tail -2
   for round in $(seq "$ROUNDS"); do

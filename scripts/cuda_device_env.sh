@@ -63,3 +63,14 @@ import sys; w = sys.stdin.read().split(); c, g = float(w[-3]), float(w[-1])
 print(' '.join(w), ' rel diff %.4f%%' % (abs(g - c) / c * 100))" 2>/dev/null || echo "$line"
   done
 }
+
+# filter: a gtest log without its RUN and trace lines. show NAME: one `bench --json` line on
+# stdin as a summary line (tok/s, ms per step, read GB/s); anything else passes through cut.
+# (cuda_batch_device.sh defines its own show, with the per-sequence bytes.)
+filter() { grep -v "^\[ RUN\|Google Test trace"; }
+show() {
+  python3 -c "
+import json,sys
+j=json.loads(sys.stdin.read()); d=j['decode']
+print('%-44s tok/s %8.1f +- %6.1f  ms/step %7.3f  read %.0f GB/s' % ('$1', d['tps_mean'], d['tps_sd'], d.get('ms_per_step', 1000/d['tps_mean']), d['achieved_read_gb_per_s']))" 2>/dev/null || cut -c1-400
+}

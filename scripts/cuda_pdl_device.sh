@@ -17,14 +17,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-all}; ROUNDS=${ROUNDS:-3}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}; N=${N:-128}
 . "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH, device_preamble
 device_preamble
-filter() { grep -v "^\[ RUN\|Google Test trace"; }
 summary() { grep -E "FAILED|PASSED|SKIPPED|Failure|rror|Expected|Which is|tests ran"; }
-show() {  # one bench JSON line -> a summary
-  python3 -c "
-import json,sys
-j=json.loads(sys.stdin.read()); d=j['decode']
-print('%-44s tok/s %8.1f +- %6.1f  ms/step %7.3f  read %.0f GB/s' % ('$1', d['tps_mean'], d['tps_sd'], d.get('ms_per_step', 1000/d['tps_mean']), d['achieved_read_gb_per_s']))" 2>/dev/null || cut -c1-400
-}
 if [ "$PART" = all ] || [ "$PART" = tests ]; then
   for run in 1 2; do
     echo "== tests, PDL on (the default), run $run"
