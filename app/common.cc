@@ -39,6 +39,9 @@ void add_weights_flag(CLI::App* cmd, WeightOpts& weights) {
   cmd->add_option("--weights", weights.type,
                   "Quantise the weight matrices on load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (or f16, "
                   "bf16, f32); as `convert --type` stores them (default: as in the file)");
+  cmd->add_flag("--keep-layout", weights.keep_layout,
+                "Keep Q4_0 weights in the file's row layout (by default they are re-laid in 16-row groups for the "
+                "AVX-512 kernel, about 2x its speed; the same logits)");
 }
 
 LoadedModel load_model_opts(const std::string& path, const WeightOpts& weights) {
@@ -46,6 +49,7 @@ LoadedModel load_model_opts(const std::string& path, const WeightOpts& weights) 
   // Parsed before the (slow) load so a bad value fails at once.
   if (!weights.type.empty()) opt.weights = parse_gguf_type(weights.type, "--weights");
   opt.file_load = weights.mmap ? FileLoad::Map : FileLoad::Read;
+  opt.relay_weights = !weights.keep_layout;
   return load_model(path, opt);
 }
 

@@ -25,6 +25,7 @@ void apply_threads(int threads);
 struct WeightOpts {
   std::string type;
   bool mmap = false;
+  bool keep_layout = false;
 };
 void add_weights_flag(CLI::App* cmd, WeightOpts& weights);
 LoadedModel load_model_opts(const std::string& path, const WeightOpts& weights);

@@ -70,6 +70,11 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // file offset of the data section
   size_t file_size() const { return file_.size(); }
+  // A tensor's bytes rewritten in place (MappedFile::rewrite: read-in files
+  // only; false for a mapped one).
+  bool rewrite(const TensorView& v, const std::function<void(std::byte*)>& fn) {
+    return file_.rewrite(v.data, v.nbytes(), fn);
+  }
 
   // Metadata, in file order.
   const std::vector<std::string>& keys() const { return key_order_; }

@@ -15,6 +15,9 @@
 #include "core/error.h"
 
 namespace ptllm {
+namespace {
+constexpr size_t kHuge = size_t(2) << 20;  // x86-64's transparent huge page
+}  // namespace
 
 MappedFile::MappedFile(const std::string& path, FileLoad how) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -62,10 +65,8 @@ void MappedFile::map(int fd) {
 }
 
 void MappedFile::read(int fd) {
-  // 2 MiB: x86-64's transparent huge page. The start is aligned to it (the
-  // over-allocation's ends are unmapped again) so every whole 2 MiB of the
-  // file can sit in one huge page.
-  constexpr size_t kHuge = size_t(2) << 20;
+  // The start is aligned to a huge page (the over-allocation's ends are
+  // unmapped again) so every whole 2 MiB of the file can sit in one.
   const size_t len = (size_ + kHuge - 1) / kHuge * kHuge;
   void* raw = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) fail("{}: cannot allocate {} bytes to read it into ({})", path_, len, std::strerror(errno));
@@ -92,6 +93,26 @@ void MappedFile::read(int fd) {
   ::mprotect(p, len, PROT_READ);
   data_ = p;
   mapped_ = len;
+  read_ = true;
+}
+
+bool MappedFile::rewrite(const std::byte* p, size_t n, const std::function<void(std::byte*)>& fn) {
+  if (!read_ || !data_ || p < data_ || n > size_ || size_t(p - data_) > size_ - n) return false;
+  // Whole huge pages (the mapping starts on one, read()): a protection
+  // change that splits one at a tensor's edge would leave it in 4 KiB pages.
+  const size_t off = size_t(p - data_), first = off / kHuge * kHuge;
+  const size_t last = std::min(mapped_, (off + n + kHuge - 1) / kHuge * kHuge);
+  auto* base = const_cast<std::byte*>(data_);
+  if (::mprotect(base + first, last - first, PROT_READ | PROT_WRITE) != 0)
+    fail("{}: cannot make bytes {}..{} writable ({})", path_, off, off + n, std::strerror(errno));
+  try {
+    fn(base + off);
+  } catch (...) {
+    ::mprotect(base + first, last - first, PROT_READ);
+    throw;
+  }
+  ::mprotect(base + first, last - first, PROT_READ);
+  return true;
 }
 
 MappedFile::~MappedFile() {
@@ -107,6 +128,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     data_ = o.data_;
     size_ = o.size_;
     mapped_ = o.mapped_;
+    read_ = o.read_;
     o.data_ = nullptr;
     o.size_ = 0;
     o.mapped_ = 0;

@@ -13,6 +13,7 @@
 // Where huge pages or pread are not available Read still works (4 KiB pages).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace ptllm {
@@ -30,6 +31,11 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
 
   const std::byte* data() const { return data_; }
+  // Read only: makes the whole pages of [p, p + n) writable, runs fn on them
+  // (this object's private copy, e.g. to re-lay a tensor in place) and makes
+  // them read-only again. Returns false without running fn for a mapped file
+  // (its pages are the page cache's) or a range outside the file.
+  bool rewrite(const std::byte* p, size_t n, const std::function<void(std::byte*)>& fn);
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
@@ -40,6 +46,7 @@ class MappedFile {
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
   size_t mapped_ = 0;  // bytes of the mapping (Read: rounded up to the huge-page size)
+  bool read_ = false;  // Read: anonymous memory of our own
 };
 
 // Whole file as a string; throws Error naming the path.

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "ops/quant.h"
 
 namespace ptllm {
 namespace {
@@ -167,9 +168,16 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
 }
 
 std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file_out,
-                                       FileLoad how) {
-  auto file = std::make_shared<const GgufFile>(path, how);
+                                       FileLoad how, bool relay_q4_0) {
+  auto file = std::make_shared<GgufFile>(path, how);
   const GgufFile& f = *file;
+  const auto relay = [&](const TensorView& v) {
+    return relay_q4_0 && v.dtype == DType::Q4_0 && v.shape.size() == 2 && v.rows() % 16 == 0;
+  };
+  const auto pack = [](TensorView& v, std::byte* data) {
+    ops::pack_q4_0_rows16(data, v.rows(), v.cols());
+    v.dtype = DType::Q4_0_R16;
+  };
   ModelConfig c = gguf_model_config(f);
   TensorStore store;
   for (const GgufTensorInfo& t : f.tensors()) {
@@ -177,7 +185,9 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<
     if (hf.empty()) continue;  // rope_freqs (read into the config) and tensors the model does not use
     const bool q = hf.find("q_proj") != std::string::npos, k = hf.find("k_proj") != std::string::npos;
     if (c.model_type != "llama" || (!q && !k)) {
-      store.add_view(hf, t.view, file, path);
+      TensorView v = t.view;
+      if (relay(v) && file->rewrite(v, [&](std::byte* p) { pack(v, p); })) v.dtype = DType::Q4_0_R16;
+      store.add_view(hf, std::move(v), file, path);
       continue;
     }
     // Undo llama.cpp's interleaving permutation into an owned copy.
@@ -189,6 +199,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<
     permute_qk_rows(t.view.data, buf->data(), heads, c.head_dim, row_bytes, /*to_gguf=*/false);
     TensorView v = t.view;
     v.data = buf->data();
+    if (relay(v)) pack(v, buf->data());
     store.add_view(hf, std::move(v), buf, path);
   }
   if (file_out) *file_out = file;

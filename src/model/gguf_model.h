@@ -33,8 +33,11 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
 
 // A .gguf model. *file (when given) receives the parsed file, for the
 // tokenizer (tokenizer.ggml.*); the Model keeps it in memory either way.
-// `how`: map the file or read it into memory (io/mmap.h).
+// `how`: map the file or read it into memory (io/mmap.h). relay_q4_0: Q4_0
+// matrices whose rows are a multiple of 16 are re-laid in place as Q4_0_R16
+// (core/dtype.h) where the memory is private (read in, or a copy this loader
+// made); a mapped file's stay Q4_0.
 std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file = nullptr,
-                                       FileLoad how = FileLoad::Map);
+                                       FileLoad how = FileLoad::Map, bool relay_q4_0 = false);
 
 }  // namespace ptllm

@@ -183,7 +183,7 @@ void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = tokens[t];
     if (id < 0 || id >= c.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c.vocab_size - 1);
-    ops::to_f32(embed_.data + storage_bytes(embed_.dtype, size_t(id) * size_t(H)), embed_.dtype, x + t * H, H);
+    ops::row_to_f32(embed_, id, x + t * H);
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[size_t(l)];

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <strings.h>
 
+#include <vector>
+
 #include "core/error.h"
 #include "ops/dispatch.h"
 #include "ops/neon_kernels.h"
@@ -299,6 +301,31 @@ float dot_row(const void* row, DType dtype, const float* x, int64_t n) {
     default:
       if (is_block_quantised(dtype)) return qdot_row_f32(dtype, row, x, n);
       fail("dot_row: unsupported weight dtype {}", dtype_name(dtype));
+  }
+}
+
+void row_to_f32(const TensorView& w, int64_t r, float* dst) {
+  if (w.shape.size() != 2) fail("row_to_f32: expected a 2-D weight, got shape {}", shape_str(w.shape));
+  if (r < 0 || r >= w.rows()) fail("row_to_f32: row {} of a weight with {} rows", r, w.rows());
+  const int64_t cols = w.cols();
+  if (w.dtype != DType::Q4_0_R16) {
+    to_f32(w.data + storage_bytes(w.dtype, size_t(r) * size_t(cols)), w.dtype, dst, cols);
+    return;
+  }
+  // The row's group as Q4_0, then its row.
+  const size_t rb = storage_bytes(DType::Q4_0, size_t(cols));
+  std::vector<std::byte> grp(16 * rb);
+  unpack_q4_0_rows16(w.data + size_t(r / 16) * 16 * rb, cols, grp.data());
+  dequantize_row(DType::Q4_0, grp.data() + size_t(r % 16) * rb, dst, cols);
+}
+
+void tensor_to_f32(const TensorView& w, float* dst) {
+  if (w.dtype != DType::Q4_0_R16) return to_f32(w.data, w.dtype, dst, w.numel());
+  const size_t rb = storage_bytes(DType::Q4_0, size_t(w.cols()));
+  std::vector<std::byte> grp(16 * rb);
+  for (int64_t r = 0; r < w.rows(); r += 16) {
+    unpack_q4_0_rows16(w.data + size_t(r) * rb, w.cols(), grp.data());
+    dequantize_row(DType::Q4_0, grp.data(), dst + r * w.cols(), 16 * w.cols());
   }
 }
 

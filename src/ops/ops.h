@@ -51,6 +51,11 @@ float dot_row(const void* row, DType dtype, const float* x, int64_t n);
 void axpy(float a, const float* x, float* y, int64_t n);
 // Converts n stored elements to fp32.
 void to_f32(const void* src, DType dtype, float* dst, int64_t n);
+// Row r of a 2-D weight -> dst [cols] fp32, for every stored dtype (the
+// embedding lookup); the only way to read one row of Q4_0_R16.
+void row_to_f32(const TensorView& w, int64_t r, float* dst);
+// A whole tensor -> dst [numel] fp32 (row-major whatever the layout).
+void tensor_to_f32(const TensorView& w, float* dst);
 
 // y[t, o] = sum_i W[o, i] * x[t, i] (+ bias[o]); W is [out, in] in F32/F16/BF16,
 // x is [n_tokens, in], y is [n_tokens, out]. Parallel over output rows.

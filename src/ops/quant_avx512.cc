@@ -199,9 +199,14 @@ inline __m512i rows4(const std::byte* const* p, int j, size_t off) {
   return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(v, ld(j + 4), 1), ld(j + 8), 2), ld(j + 12), 3);
 }
 
-template <int NT>
+// kPacked: w is one group of Q4_0_R16 (core/dtype.h), whose record i holds
+// exactly what the GGUF-layout path gathers and transposes for block i (the
+// 16 scales, then wk[0..3]), so both paths compute every sum with the same
+// instructions from the same integers: bit-identical results.
+template <int NT, bool kPacked>
 void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, float* out) {
   constexpr size_t B = sizeof(BlockQ4_0);
+  if constexpr (kPacked) nr = 16;
   const std::byte* row[16];
   for (int r = 0; r < 16; ++r) row[r] = w + size_t(r < nr ? r : 0) * ws;
   const TileBlock* x[NT];
@@ -213,7 +218,7 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     for (int r = 0; r < 16; ++r) o[r] = int32_t(row[r] - row[0]);
     roff = _mm512_load_si512(o);
   }
-  const bool gather_ok = size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
+  const bool gather_ok = kPacked || size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   const char* pf = reinterpret_cast<const char*>(w + 16 * ws);
   if (nb <= 0) {  // a 0-column weight: every sum is 0
@@ -224,7 +229,11 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
   const size_t pf_step = (16 * ws / size_t(nb) + 63) & ~size_t(63);
   for (int64_t i = 0; i < nb; ++i) {
     const size_t bo = size_t(i) * B;
-    if constexpr (NT == 1)
+    if constexpr (kPacked) {
+      // One stream: the hardware prefetchers follow it; a software prefetch
+      // 16 records ahead keeps it ahead across the 4 KiB page crossings.
+      if constexpr (NT == 1) prefetch_ahead(w + 16 * bo);
+    } else if constexpr (NT == 1)
       // One token is bound by the weight stream. The 16 rows are read side by
       // side, 18 or 34 bytes each per step, too many streams for the hardware
       // prefetchers, and a row is often shorter than prefetch_ahead's
@@ -233,29 +242,33 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
       // step. Prefetching past the matrix's end faults nothing.
       for (size_t l = size_t(i) * pf_step; l < size_t(i + 1) * pf_step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
     __m512i wv[8];
+    const std::byte* rec = w + 16 * bo;  // kPacked: record i
     {
       __m512i wk[4];
-      transpose16x4(rows4(row, 0, bo + 2), rows4(row, 1, bo + 2), rows4(row, 2, bo + 2), rows4(row, 3, bo + 2), wk);
+      if constexpr (kPacked) {
+        for (int k = 0; k < 4; ++k) wk[k] = _mm512_loadu_si512(rec + 32 + 64 * k);
+      } else {
+        transpose16x4(rows4(row, 0, bo + 2), rows4(row, 1, bo + 2), rows4(row, 2, bo + 2), rows4(row, 3, bo + 2), wk);
+      }
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       for (int k = 0; k < 4; ++k) {
         wv[k] = _mm512_and_si512(wk[k], low4);                            // elements 4k..4k+3
         wv[k + 4] = _mm512_and_si512(_mm512_srli_epi32(wk[k], 4), low4);  // 16 + 4k..
       }
     }
-    // 16 rows' fp16 scales: a gather of the dwords at each row's block start.
-    __m512i dw;
-    if (gather_ok) {
-      dw = _mm512_i32gather_epi32(roff, reinterpret_cast<const int*>(row[0] + bo), 1);
+    // 16 rows' fp16 scales: the record's first 32 bytes, or a gather of the
+    // dwords at each row's block start.
+    __m256i dh;
+    if constexpr (kPacked) {
+      dh = load32(rec);
+    } else if (gather_ok) {
+      dh = _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(roff, reinterpret_cast<const int*>(row[0] + bo), 1));
     } else {
-      alignas(64) int32_t s[16];
-      for (int r = 0; r < 16; ++r) {
-        uint16_t h;
-        std::memcpy(&h, row[r] + bo, 2);
-        s[r] = h;
-      }
-      dw = _mm512_load_si512(s);
+      alignas(32) uint16_t s[16];
+      for (int r = 0; r < 16; ++r) std::memcpy(&s[r], row[r] + bo, 2);
+      dh = load32(s);
     }
-    const __m512 wd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+    const __m512 wd = _mm512_cvtph_ps(dh);
     const auto mac = [&](const TileBlock& xb, __m512& acc) {
       const int32_t* c = reinterpret_cast<const int32_t*>(xb.qs);
       __m512i s = _mm512_set1_epi32(xb.seed);
@@ -287,7 +300,11 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
 void tile16_q4(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
                float* out) {
   static_assert(kMaxNT == 4, "with_1to4 covers the counts");
-  with_1to4(nt, [&](auto NT) { tile16_t<NT()>(w, ws, nr, xt, xs, nb, out); });
+  with_1to4(nt, [&](auto NT) { tile16_t<NT(), false>(w, ws, nr, xt, xs, nb, out); });
+}
+void tile16_q4_r16(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
+                   float* out) {
+  with_1to4(nt, [&](auto NT) { tile16_t<NT(), true>(w, ws, nr, xt, xs, nb, out); });
 }
 
 // TileActs: each type in the layout of its tile.
@@ -469,6 +486,7 @@ constexpr Kernels kTable512 = [] {
   k.tile_rows[kernel_index(DType::Q8_0)] = kTileRows;
   k.tile_rows1[kernel_index(DType::Q8_0)] = 1;
   k.tile[kernel_index(DType::Q4_0)] = tile16_q4;
+  k.tile_q4_0_r16 = tile16_q4_r16;
   k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     k.tile_rows[kernel_index(t)] = 4;

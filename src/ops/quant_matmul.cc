@@ -17,6 +17,7 @@ namespace {
 using namespace q;
 
 constexpr int64_t kRowBlock = 16;
+static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0, "a task holds whole Q4_0_R16 groups");
 // Weight bytes x tokens below which a product runs on one thread (fork/join
 // costs a few microseconds).
 constexpr int64_t kParallelWork = int64_t(1) << 16;
@@ -27,6 +28,9 @@ void check_weight(const char* what, const TensorView& w, int64_t in) {
   if (w.cols() % int64_t(block_elems(w.dtype)) != 0)
     fail("{}: {} weight has {} columns, not a multiple of its block of {}", what, dtype_name(w.dtype), w.cols(),
          block_elems(w.dtype));
+  if (w.rows() % row_group(w.dtype) != 0)
+    fail("{}: {} weight has {} rows, not a multiple of its groups of {}", what, dtype_name(w.dtype), w.rows(),
+         row_group(w.dtype));
   if (w.cols() != in) fail("{}: weights disagree on the input size ({} vs {})", what, w.cols(), in);
   if (!w.data && w.numel() > 0) fail("{}: weight has no data", what);
 }
@@ -38,6 +42,7 @@ class QuantX {
  public:
   QuantX(const float* x, int64_t n_tokens, int64_t in) : x_(x), n_(n_tokens), in_(in) {}
   void prepare(DType t) {
+    t = kernel_type(t);
     const bool k = uses_a256(t);
     std::vector<std::byte>& buf = k ? a256_ : a32_;
     const Kernels& kn = kernels();
@@ -62,6 +67,7 @@ class QuantX {
   // The tiles of the 32-element types take their rows re-laid (TileActs);
   // the K types' tiles read the A256 rows as they are.
   static bool relaid(DType t) { return !uses_a256(t); }
+  // Q4_0_R16 shares Q4_0's (kernel_type).
   const std::byte* tiled(DType t) const { return relaid(t) ? tiled_[size_t(kernel_index(t))].data() : data(t); }
   size_t tiled_stride(DType t) const { return relaid(t) ? tile_row_bytes(in_ / 32) : stride(t); }
 
@@ -80,7 +86,46 @@ class QuantX {
 // those prefetches landed in rows already being read); else the row dot,
 // one row per pass.
 void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
+              const float* bias, int64_t r0, int64_t r1);
+
+// run_rows for Q4_0_R16: r0 and r1 are multiples of 16 (its tasks are
+// kRowBlock = 16 rows). The level's kernel reads the groups as they are;
+// without one, each group is unpacked into Q4_0 rows and run as Q4_0 (the
+// same integer sums and fp32 steps as the re-laid kernel at AVX-512).
+void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y,
+                int64_t y_stride, const float* bias, int64_t r0, int64_t r1) {
+  const int64_t in = w.cols(), nb = in / 32;
+  const size_t rb = storage_bytes(DType::Q4_0, size_t(in)), gb = 16 * rb;
+  if (!k.tile_q4_0_r16 || !k.tile[kernel_index(DType::Q4_0)]) {
+    std::vector<std::byte> rows16(gb);
+    for (int64_t g = r0; g < r1; g += 16) {
+      unpack_q4_0_rows16(w.data + size_t(g) * rb, in, rows16.data());
+      TensorView v;
+      v.data = rows16.data();
+      v.dtype = DType::Q4_0;
+      v.shape = {16, in};
+      run_rows(k, v, qx, n_tokens, y + g, y_stride, bias ? bias + g : nullptr, 0, 16);
+    }
+    return;
+  }
+  const std::byte* xq = qx.tiled(w.dtype);
+  const size_t xs = qx.tiled_stride(w.dtype);
+  float out[kMaxTileRows * kMaxNT];  // [row][kMaxNT]
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
+    const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
+    for (int64_t g = r0; g < r1; g += 16) {
+      k.tile_q4_0_r16(w.data + size_t(g) * rb, gb, 16, xq + size_t(t0) * xs, xs, nb, nt, out);
+      for (int r = 0; r < 16; ++r) {
+        const float bo = bias ? bias[g + r] : 0.f;
+        for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + g + r] = out[r * kMaxNT + j] + bo;
+      }
+    }
+  }
+}
+
+void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
               const float* bias, int64_t r0, int64_t r1) {
+  if (w.dtype == DType::Q4_0_R16) return run_groups(k, w, qx, n_tokens, y, y_stride, bias, r0, r1);
   const int ki = kernel_index(w.dtype);
   const RowDot dot = k.dot[ki];
   const TileDot tile = k.tile[ki];
@@ -116,6 +161,8 @@ std::vector<float> bias_f32(const TensorView* bias, int64_t out) {
 }
 
 }  // namespace
+
+bool q4_0_rows16_pays() { return kernels().tile_q4_0_r16 != nullptr; }
 
 void qmatmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias) {
   MatmulJob job{&w, y, bias};

@@ -26,6 +26,9 @@ float h2f(uint16_t h) { return f16_to_f32(h); }
 
 void check_row(const char* what, DType t, int64_t n) {
   if (!is_block_quantised(t)) fail("{}: {} is not a block-quantised dtype", what, dtype_name(t));
+  if (row_group(t) != 1)
+    fail("{}: {} interleaves its rows in groups of {}: a row is not contiguous (ops::row_to_f32 reads one)", what,
+         dtype_name(t), row_group(t));
   if (n < 0 || n % int64_t(block_elems(t)) != 0)
     fail("{}: {} elements is not a multiple of {}'s block of {}", what, n, dtype_name(t), block_elems(t));
 }
@@ -250,6 +253,56 @@ void quantize_tensor(DType t, const void* src, DType src_dtype, int64_t rows, in
     }
   }
   if (!error.empty()) throw Error(error);
+}
+
+// ---------- Q4_0_R16 ----------
+namespace {
+constexpr size_t kR16Record = 16 * sizeof(BlockQ4_0);  // one block column of a group: 288 bytes
+void check_r16(const char* what, int64_t rows, int64_t cols) {
+  if (rows < 0 || rows % 16 != 0) fail("{}: {} rows is not a multiple of 16", what, rows);
+  if (cols < 0 || cols % 32 != 0) fail("{}: {} columns is not a multiple of Q4_0's block of 32", what, cols);
+}
+// 16 Q4_0 rows (row-major, rb bytes each) -> one group's records.
+void pack_group(const std::byte* rows16, size_t rb, int64_t nb, std::byte* dst) {
+  for (int64_t i = 0; i < nb; ++i) {
+    std::byte* rec = dst + size_t(i) * kR16Record;
+    for (int r = 0; r < 16; ++r) {
+      const std::byte* blk = rows16 + size_t(r) * rb + size_t(i) * sizeof(BlockQ4_0);
+      std::memcpy(rec + 2 * r, blk, 2);  // the fp16 scale
+      for (int k = 0; k < 4; ++k) std::memcpy(rec + 32 + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+    }
+  }
+}
+}  // namespace
+
+void pack_q4_0_rows16(std::byte* data, int64_t rows, int64_t cols) {
+  check_r16("pack_q4_0_rows16", rows, cols);
+  const int64_t nb = cols / 32;
+  const size_t rb = size_t(nb) * sizeof(BlockQ4_0), gb = 16 * rb;
+#pragma omp parallel
+  {
+    std::vector<std::byte> scratch(gb);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < rows / 16; ++g) {
+      std::byte* grp = data + size_t(g) * gb;
+      std::memcpy(scratch.data(), grp, gb);
+      pack_group(scratch.data(), rb, nb, grp);
+    }
+  }
+}
+
+void unpack_q4_0_rows16(const std::byte* group, int64_t cols, std::byte* dst) {
+  check_r16("unpack_q4_0_rows16", 16, cols);
+  const int64_t nb = cols / 32;
+  const size_t rb = size_t(nb) * sizeof(BlockQ4_0);
+  for (int64_t i = 0; i < nb; ++i) {
+    const std::byte* rec = group + size_t(i) * kR16Record;
+    for (int r = 0; r < 16; ++r) {
+      std::byte* blk = dst + size_t(r) * rb + size_t(i) * sizeof(BlockQ4_0);
+      std::memcpy(blk, rec + 2 * r, 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(blk + 2 + 4 * k, rec + 32 + 64 * k + 4 * r, 4);
+    }
+  }
 }
 
 float qdot_row_f32(DType t, const void* row, const float* x, int64_t n) {
