@@ -30,10 +30,11 @@ struct Weights {
       bytes.resize(f.size() * 2);
       auto* p = reinterpret_cast<uint16_t*>(bytes.data());
       for (size_t i = 0; i < f.size(); ++i) p[i] = dtype == DType::BF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
-    } else if (dtype == DType::Q4_0_R16) {  // Q4_0 re-laid as the engine lays it at load
-      bytes.resize(ops::quantized_bytes(DType::Q4_0, out, in));
-      ops::quantize_tensor(DType::Q4_0, f.data(), DType::F32, out, in, bytes.data());
-      ops::pack_q4_0_rows16(bytes.data(), out, in);
+    } else if (row_group(dtype) != 1) {  // Q4_0 / Q4_K re-laid as the engine lays them at load
+      const DType base = ops::rows16_base(dtype);
+      bytes.resize(ops::quantized_bytes(base, out, in));
+      ops::quantize_tensor(base, f.data(), DType::F32, out, in, bytes.data());
+      ops::pack_rows16(base, bytes.data(), out, in);
     } else {
       bytes.resize(ops::quantized_bytes(dtype, out, in));
       ops::quantize_tensor(dtype, f.data(), DType::F32, out, in, bytes.data());

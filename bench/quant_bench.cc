@@ -58,6 +58,7 @@ BENCHMARK(BM_QMatvec<DType::Q4_1>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q5_0>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q5_1>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q4_K>)->Apply(MatvecArgs);
+BENCHMARK(BM_QMatvec<DType::Q4_K_R16>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q5_K>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q6_K>)->Apply(MatvecArgs);
 
@@ -85,6 +86,7 @@ BENCHMARK(BM_QMatmul<DType::Q8_0>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q4_0>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q4_0_R16>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q4_K>)->Apply(MatmulArgs);
+BENCHMARK(BM_QMatmul<DType::Q4_K_R16>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q6_K>)->Apply(MatmulArgs);
 
 }  // namespace

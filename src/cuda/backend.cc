@@ -152,7 +152,7 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
 std::shared_ptr<DevBuf> Engine::upload(const TensorView& t, bool matrix) {
   const int64_t n = t.numel();
   tmp_.resize(size_t(n));
-  ops::tensor_to_f32(t, tmp_.data());  // any layout (Q4_0_R16 too)
+  ops::tensor_to_f32(t, tmp_.data());  // any layout (the _R16 types too)
   auto b = std::make_shared<DevBuf>();
   const k::Elem e = matrix ? we_ : k::Elem::F32;
   b->reserve(size_t(n) * size_t(k::elem_bytes(e)));

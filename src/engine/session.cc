@@ -11,7 +11,6 @@
 #include "engine/process.h"
 #include "io/mmap.h"
 #include "model/gguf_model.h"
-#include "ops/quant.h"
 #include "tokenizer/gguf_file.h"
 
 namespace ptllm {
@@ -37,7 +36,7 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   // norms are views of them): mapped, those pages stay reclaimable; read
   // into anonymous memory they would be pinned. So --weights maps.
   const FileLoad how = opt.weights ? FileLoad::Map : opt.file_load;
-  const bool relay = opt.relay_weights && ops::q4_0_rows16_pays();
+  const bool relay = opt.relay_weights;
   LoadedModel lm;
   if (is_directory(path)) {
     lm.model = Model::load_hf(path, how);

@@ -32,10 +32,11 @@ struct LoadOptions {
   // token) or `--mmap`ped (shared with other processes through the page cache).
   // With `weights` set the files are always mapped (load_model says why).
   FileLoad file_load = FileLoad::Read;
-  // Q4_0 matrices re-laid in memory for the current SIMD level's kernel
-  // (Q4_0_R16, core/dtype.h) where that pays (ops::q4_0_rows16_pays: AVX-512
-  // VNNI) and the bytes are private (read in, or made by --weights); a
-  // --mmap'ed file's stay as stored. The same logits either way.
+  // Q4_0 and Q4_K matrices re-laid in 16-row groups (core/dtype.h) where the
+  // current SIMD level has a kernel for that (ops::rows16_pays: AVX-512 VNNI)
+  // and the bytes are private (read in, or made by --weights); a --mmap'ed
+  // file's stay as stored. Q4_0: the same logits either way; Q4_K: the same
+  // exact integer sums, added in another fp32 order.
   bool relay_weights = true;
 };
 LoadedModel load_model(const std::string& path, const LoadOptions& opt = {});

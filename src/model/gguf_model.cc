@@ -168,15 +168,15 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
 }
 
 std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file_out,
-                                       FileLoad how, bool relay_q4_0) {
+                                       FileLoad how, bool relay) {
   auto file = std::make_shared<GgufFile>(path, how);
   const GgufFile& f = *file;
-  const auto relay = [&](const TensorView& v) {
-    return relay_q4_0 && v.dtype == DType::Q4_0 && v.shape.size() == 2 && v.rows() % 16 == 0;
+  const auto relays = [&](const TensorView& v) {
+    return relay && v.shape.size() == 2 && v.rows() % 16 == 0 && ops::rows16_pays(v.dtype);
   };
   const auto pack = [](TensorView& v, std::byte* data) {
-    ops::pack_q4_0_rows16(data, v.rows(), v.cols());
-    v.dtype = DType::Q4_0_R16;
+    ops::pack_rows16(v.dtype, data, v.rows(), v.cols());
+    v.dtype = ops::rows16_type(v.dtype);
   };
   ModelConfig c = gguf_model_config(f);
   TensorStore store;
@@ -186,7 +186,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<
     const bool q = hf.find("q_proj") != std::string::npos, k = hf.find("k_proj") != std::string::npos;
     if (c.model_type != "llama" || (!q && !k)) {
       TensorView v = t.view;
-      if (relay(v) && file->rewrite(v, [&](std::byte* p) { pack(v, p); })) v.dtype = DType::Q4_0_R16;
+      if (relays(v)) file->rewrite(v, [&](std::byte* p) { pack(v, p); });  // false (v kept) when mapped
       store.add_view(hf, std::move(v), file, path);
       continue;
     }
@@ -199,7 +199,7 @@ std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<
     permute_qk_rows(t.view.data, buf->data(), heads, c.head_dim, row_bytes, /*to_gguf=*/false);
     TensorView v = t.view;
     v.data = buf->data();
-    if (relay(v)) pack(v, buf->data());
+    if (relays(v)) pack(v, buf->data());
     store.add_view(hf, std::move(v), buf, path);
   }
   if (file_out) *file_out = file;

@@ -33,11 +33,12 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
 
 // A .gguf model. *file (when given) receives the parsed file, for the
 // tokenizer (tokenizer.ggml.*); the Model keeps it in memory either way.
-// `how`: map the file or read it into memory (io/mmap.h). relay_q4_0: Q4_0
-// matrices whose rows are a multiple of 16 are re-laid in place as Q4_0_R16
-// (core/dtype.h) where the memory is private (read in, or a copy this loader
-// made); a mapped file's stay Q4_0.
+// `how`: map the file or read it into memory (io/mmap.h). relay: the
+// matrices of a type whose 16-row layout has a kernel at the current SIMD
+// level (ops::rows16_pays: Q4_0, Q4_K at AVX-512), rows a multiple of 16, are
+// re-laid in place (core/dtype.h) where the memory is private (read in, or a
+// copy this loader made: Q and K); a mapped file's other tensors stay as stored.
 std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file = nullptr,
-                                       FileLoad how = FileLoad::Map, bool relay_q4_0 = false);
+                                       FileLoad how = FileLoad::Map, bool relay = false);
 
 }  // namespace ptllm

@@ -38,9 +38,9 @@ class Model {
   // (matrix_storage_type: F16 where a row is not whole blocks), so the logits
   // equal those of the GGUF file `convert --type` writes. Weights already of
   // that type are kept as they are; 1-D tensors (norms, biases) too. Consumes m.
-  // relay_q4_0: Q4_0 results whose rows are a multiple of 16 are re-laid as
-  // Q4_0_R16 (load_gguf_model).
-  static std::unique_ptr<Model> with_weight_type(std::unique_ptr<Model> m, DType type, bool relay_q4_0 = false);
+  // relay: results of a type with a 16-row layout that pays are re-laid
+  // (load_gguf_model).
+  static std::unique_ptr<Model> with_weight_type(std::unique_ptr<Model> m, DType type, bool relay = false);
   // Builds from an already-parsed config and a tensor store using HF tensor names.
   Model(ModelConfig config, TensorStore store, std::string source);
 

@@ -12,7 +12,7 @@
 
 namespace ptllm {
 
-std::unique_ptr<Model> Model::with_weight_type(std::unique_ptr<Model> m, DType type, bool relay_q4_0) {
+std::unique_ptr<Model> Model::with_weight_type(std::unique_ptr<Model> m, DType type, bool relay) {
   if (type != DType::F32 && type != DType::F16 && type != DType::BF16 && !is_block_quantised(type))
     fail("--weights: cannot store weights as {}", dtype_name(type));
   TensorStore& store = m->store_;
@@ -40,9 +40,9 @@ std::unique_ptr<Model> Model::with_weight_type(std::unique_ptr<Model> m, DType t
     v.data = buf.get();
     v.dtype = t;
     v.shape = src.shape;
-    if (relay_q4_0 && t == DType::Q4_0 && rows % 16 == 0) {
-      ops::pack_q4_0_rows16(buf.get(), rows, cols);
-      v.dtype = DType::Q4_0_R16;
+    if (relay && rows % 16 == 0 && ops::rows16_pays(t)) {
+      ops::pack_rows16(t, buf.get(), rows, cols);
+      v.dtype = ops::rows16_type(t);
     }
     store.replace_view(name, std::move(v), std::shared_ptr<const void>(buf, buf.get()),
                        fmt::format("{} (--weights: {})", store.source_of(name), dtype_name(t)));

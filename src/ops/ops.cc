@@ -308,24 +308,26 @@ void row_to_f32(const TensorView& w, int64_t r, float* dst) {
   if (w.shape.size() != 2) fail("row_to_f32: expected a 2-D weight, got shape {}", shape_str(w.shape));
   if (r < 0 || r >= w.rows()) fail("row_to_f32: row {} of a weight with {} rows", r, w.rows());
   const int64_t cols = w.cols();
-  if (w.dtype != DType::Q4_0_R16) {
+  if (row_group(w.dtype) == 1) {
     to_f32(w.data + storage_bytes(w.dtype, size_t(r) * size_t(cols)), w.dtype, dst, cols);
     return;
   }
-  // The row's group as Q4_0, then its row.
-  const size_t rb = storage_bytes(DType::Q4_0, size_t(cols));
+  // The row's group in the stored layout, then its row.
+  const DType base = rows16_base(w.dtype);
+  const size_t rb = storage_bytes(base, size_t(cols));
   std::vector<std::byte> grp(16 * rb);
-  unpack_q4_0_rows16(w.data + size_t(r / 16) * 16 * rb, cols, grp.data());
-  dequantize_row(DType::Q4_0, grp.data() + size_t(r % 16) * rb, dst, cols);
+  unpack_rows16(w.dtype, w.data + size_t(r / 16) * 16 * rb, cols, grp.data());
+  dequantize_row(base, grp.data() + size_t(r % 16) * rb, dst, cols);
 }
 
 void tensor_to_f32(const TensorView& w, float* dst) {
-  if (w.dtype != DType::Q4_0_R16) return to_f32(w.data, w.dtype, dst, w.numel());
-  const size_t rb = storage_bytes(DType::Q4_0, size_t(w.cols()));
+  if (row_group(w.dtype) == 1) return to_f32(w.data, w.dtype, dst, w.numel());
+  const DType base = rows16_base(w.dtype);
+  const size_t rb = storage_bytes(base, size_t(w.cols()));
   std::vector<std::byte> grp(16 * rb);
   for (int64_t r = 0; r < w.rows(); r += 16) {
-    unpack_q4_0_rows16(w.data + size_t(r) * rb, w.cols(), grp.data());
-    dequantize_row(DType::Q4_0, grp.data(), dst + r * w.cols(), 16 * w.cols());
+    unpack_rows16(w.dtype, w.data + size_t(r) * rb, w.cols(), grp.data());
+    dequantize_row(base, grp.data(), dst + r * w.cols(), 16 * w.cols());
   }
 }
 

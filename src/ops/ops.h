@@ -52,7 +52,7 @@ void axpy(float a, const float* x, float* y, int64_t n);
 // Converts n stored elements to fp32.
 void to_f32(const void* src, DType dtype, float* dst, int64_t n);
 // Row r of a 2-D weight -> dst [cols] fp32, for every stored dtype (the
-// embedding lookup); the only way to read one row of Q4_0_R16.
+// embedding lookup); the only way to read one row of the _R16 types.
 void row_to_f32(const TensorView& w, int64_t r, float* dst);
 // A whole tensor -> dst [numel] fp32 (row-major whatever the layout).
 void tensor_to_f32(const TensorView& w, float* dst);

@@ -40,24 +40,30 @@ void qmatmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int 
 void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
                     float* up);
 
-// ---------- Q4_0_R16: Q4_0 re-laid for the AVX-512 kernel (core/dtype.h) ----------
+// ---------- the _R16 layouts: Q4_0 and Q4_K re-laid for AVX-512 (core/dtype.h) ----------
 // The 16-rows-in-lanes Q4_0 kernel reads, per block column, 16 rows' 16 code
-// bytes and 16 scales from 16 places 18 * cols / 32 bytes apart: 16 loads,
-// 12 inserts, 8 shuffles and a 16-element gather per 512 weights, which bound
-// it at about 19 GB/s of weights per core, near this machine's DRAM bandwidth
-// (docs/BENCHMARKS.md, "Session 16"). Re-laid once at load, the same
-// arithmetic reads one 32-byte and four 64-byte loads per 512 weights.
+// bytes and 16 scales from 16 places a row apart: 16 loads, 12 inserts, 8
+// shuffles and a 16-element gather per 512 weights, which bound it at about
+// 19 GB/s of weights per core, near this machine's DRAM bandwidth; Q4_K's
+// row kernel was as slow (docs/BENCHMARKS.md, "Session 16"). Re-laid once at
+// load, a block column of 16 rows is a few whole-vector loads, and every
+// lane is one row.
 //
-// data [rows, cols] Q4_0 (rows a multiple of 16, cols of 32) -> Q4_0_R16 in
-// place (a 16-row scratch per group). Throws on a shape it cannot take.
-void pack_q4_0_rows16(std::byte* data, int64_t rows, int64_t cols);
-// One 16-row group of a Q4_0_R16 tensor (its first byte) -> the 16 rows as
-// Q4_0 (16 * cols / 32 blocks, row-major).
-void unpack_q4_0_rows16(const std::byte* group, int64_t cols, std::byte* dst);
-// Whether re-laying Q4_0 pays at the current SIMD level: it has a kernel for
-// Q4_0_R16 (AVX-512 VNNI). Elsewhere products over Q4_0_R16 unpack each group
-// into a scratch first: the same results, slower.
-bool q4_0_rows16_pays();
+// The re-laid form of a stored type (Q4_0 -> Q4_0_R16, Q4_K -> Q4_K_R16), or
+// t itself where there is none; and the stored type of a re-laid one.
+DType rows16_type(DType t);
+DType rows16_base(DType t);
+// data [rows, cols] of type t (Q4_0 or Q4_K; rows a multiple of 16, cols of
+// the block) -> rows16_type(t) in place (a 16-row scratch per group). Throws
+// on a type or shape it cannot take.
+void pack_rows16(DType t, std::byte* data, int64_t rows, int64_t cols);
+// One 16-row group of a re-laid tensor of type r16 (its first byte) -> the
+// 16 rows in the stored layout (16 * cols / block elements blocks, row-major).
+void unpack_rows16(DType r16, const std::byte* group, int64_t cols, std::byte* dst);
+// Whether re-laying t pays at the current SIMD level: the level has a kernel
+// for rows16_type(t) (AVX-512 VNNI). Elsewhere products over a re-laid type
+// unpack each group into a scratch first: Q4_0's results exactly, slower.
+bool rows16_pays(DType t);
 
 // Exact fp32 dot of one block-typed row with fp32 x (dequantise, then fp32):
 // slow, for embedding-style lookups and tests.

@@ -307,6 +307,98 @@ void tile16_q4_r16(const std::byte* w, size_t ws, int nr, const std::byte* xt, s
   with_1to4(nt, [&](auto NT) { tile16_t<NT(), true>(w, ws, nr, xt, xs, nb, out); });
 }
 
+// ---------- Q4_K_R16: 16 rows in the 16 lanes ----------
+// w is one group of Q4_K_R16 (core/dtype.h); record i (super-block column i,
+// 2,304 bytes) is the 16 rows' d (32 bytes), dmin (32), their 12 scale bytes
+// as 3 dword vectors, and their 128 code bytes as 32 dword vectors: vector j
+// = 8c + jj (chunk c) holds in lane r the codes qs[32c + 4jj .. + 3] of row r,
+// whose low nibbles are elements 64c + 4jj .. + 3 (sub-block 2c) and high
+// ones 64c + 32 + 4jj .. (2c + 1) (BlockQ4_K). The token's same 4 codes are
+// broadcast (the A256 rows as they are), so dpbusd gives each row's exact
+// sub-block sum (q . xq)_s in its own lane, 8 dpbusd a sub-block.
+// The 6-bit scales and mins of 16 rows decode in the lanes (k4_scales: bytes
+// 0-3 give sc 0-3, 4-7 m 0-3, 8-11 the low 4 bits of sc/m 4-7, whose top 2
+// bits are the top 2 of bytes 0-3 / 4-7). Per (16 rows, token, super-block):
+// S = sum_s sc_s * (q . xq)_s (vpmulld, exact: |S| < 2^25), M = sum_s m_s *
+// bsum32_s (4 vpdpwssd of the mins as i16 pairs with the token's pair sums,
+// exact), then x = dx * (d * S - dmin * M): the exact integers of the row
+// kernels, the fp32 steps in this fixed order per lane, so a (row, token)
+// result depends on nothing else in the call (batch invariance). It differs
+// from the 4-row tile's in the last fp32 bits (that tile sums S's partial
+// lanes at the end of the row).
+template <int NT>
+void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+  constexpr size_t kRec = 16 * sizeof(BlockQ4_K);
+  const A256* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const A256*>(xt + size_t(t) * xs);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const __m512i k3f = _mm512_set1_epi8(0x3F), k0f = _mm512_set1_epi8(0x0F), k03 = _mm512_set1_epi8(0x03),
+                kff = _mm512_set1_epi32(0xFF), k00ff = _mm512_set1_epi32(0x00FF00FF);
+  for (int64_t i = 0; i < nb; ++i) {
+    const std::byte* rec = w + size_t(i) * kRec;
+    if constexpr (NT == 1)  // one token is bound by the weight stream: the record after next
+      for (size_t l = 0; l < kRec; l += 64) _mm_prefetch(reinterpret_cast<const char*>(rec) + 2 * kRec + l, _MM_HINT_T0);
+    const __m512 d = _mm512_cvtph_ps(load32(rec)), dmin = _mm512_cvtph_ps(load32(rec + 32));
+    const __m512i sa = _mm512_loadu_si512(rec + 64), sb = _mm512_loadu_si512(rec + 128),
+                  sc = _mm512_loadu_si512(rec + 192);
+    // Per lane, bytes: sc03 = sc 0..3, sc47 = sc 4..7, mn03 / mn47 the mins.
+    const __m512i sc03 = _mm512_and_si512(sa, k3f), mn03 = _mm512_and_si512(sb, k3f);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(sc, k0f),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sa, 6), k03), 4));
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sc, 4), k0f),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sb, 6), k03), 4));
+    // The mins as i16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7).
+    const __m512i m02 = _mm512_and_si512(mn03, k00ff), m13 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8), k00ff);
+    const __m512i m46 = _mm512_and_si512(mn47, k00ff), m57 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8), k00ff);
+    __m512i S[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo_sum[4], hi_sum[4];
+      for (int t = 0; t < NT; ++t) lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
+      for (int jj = 0; jj < 8; ++jj) {
+        const __m512i v = _mm512_loadu_si512(rec + 256 + 64 * (8 * c + jj));
+        const __m512i lo = _mm512_and_si512(v, k0f), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), k0f);
+        for (int t = 0; t < NT; ++t) {
+          int32_t xl, xh;
+          std::memcpy(&xl, x[t][i].qs + 64 * c + 4 * jj, 4);
+          std::memcpy(&xh, x[t][i].qs + 64 * c + 32 + 4 * jj, 4);
+          lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, _mm512_set1_epi32(xl));
+          hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, _mm512_set1_epi32(xh));
+        }
+      }
+      // sc_{2c} and sc_{2c+1}: bytes 2c % 4 and 2c % 4 + 1 of sc03 (c < 2) or sc47.
+      const __m512i scv = c < 2 ? sc03 : sc47;
+      const int sh = 16 * (c % 2);
+      const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(scv, sh), kff);
+      const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(scv, sh + 8), kff);
+      for (int t = 0; t < NT; ++t)
+        S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(lo_sum[t], s_lo),
+                                                       _mm512_mullo_epi32(hi_sum[t], s_hi)));
+    }
+    for (int t = 0; t < NT; ++t) {
+      const int16_t* bs = x[t][i].bsums;
+      // bsum32_s = bsums[2s] + bsums[2s + 1]; pairs (s, s + 2) as one dword.
+      const auto pair = [&](int s0, int s1) {
+        const int b0 = bs[2 * s0] + bs[2 * s0 + 1], b1 = bs[2 * s1] + bs[2 * s1 + 1];
+        return _mm512_set1_epi32(int32_t(uint32_t(uint16_t(b0)) | uint32_t(uint16_t(b1)) << 16));
+      };
+      __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), m02, pair(0, 2));
+      M = _mm512_dpwssd_epi32(M, m13, pair(1, 3));
+      M = _mm512_dpwssd_epi32(M, m46, pair(4, 6));
+      M = _mm512_dpwssd_epi32(M, m57, pair(5, 7));
+      const __m512 v = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(M), _mm512_mul_ps(d, _mm512_cvtepi32_ps(S[t])));
+      acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(x[t][i].d), acc[t]);
+    }
+  }
+  alignas(64) float o[4][16];
+  for (int t = 0; t < NT; ++t) _mm512_store_ps(o[t], acc[t]);
+  for (int r = 0; r < 16; ++r)
+    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = o[t][r];
+}
+
+void tile16_q4k_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
+  with_1to4(nt, [&](auto NT) { tile16k_t<NT()>(w, xt, xs, nb, out); });
+}
+
 // TileActs: each type in the layout of its tile.
 void tile_acts512(DType t, const std::byte* a32, int64_t nb, std::byte* dst) {
   if (t == DType::Q8_0) tile_acts512_pair(a32, nb, dst);
@@ -486,7 +578,8 @@ constexpr Kernels kTable512 = [] {
   k.tile_rows[kernel_index(DType::Q8_0)] = kTileRows;
   k.tile_rows1[kernel_index(DType::Q8_0)] = 1;
   k.tile[kernel_index(DType::Q4_0)] = tile16_q4;
-  k.tile_q4_0_r16 = tile16_q4_r16;
+  k.tile_r16[kernel_index(DType::Q4_0)] = tile16_q4_r16;
+  k.tile_r16[kernel_index(DType::Q4_K)] = tile16_q4k_r16;
   k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     k.tile_rows[kernel_index(t)] = 4;

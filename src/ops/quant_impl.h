@@ -148,15 +148,18 @@ struct Kernels {
   // row by row: it is bound by the weight stream, prefetched per row).
   uint8_t tile_rows[8] = {}, tile_rows1[8] = {};
   TileActs tile_acts = nullptr;
-  // Q4_0_R16 (core/dtype.h): w is a group's first byte, nr 16, wstride
-  // unused; the activations are Q4_0's tile layout. Null where the level has
-  // none (run_rows then unpacks the group into Q4_0 rows).
-  TileDot tile_q4_0_r16 = nullptr;
+  // The _R16 types (core/dtype.h), by their stored type's index: w is a
+  // group's first byte, nr 16, wstride unused; the activations are the stored
+  // type's (the tile layout for Q4_0, the A256 rows for Q4_K). Null where the
+  // level has none (run_rows then unpacks each group into stored rows).
+  TileDot tile_r16[8] = {};
 };
-// The weight type whose activation blocks (and row kernels) a type uses:
-// Q4_0_R16 is Q4_0's blocks re-laid.
-constexpr DType kernel_type(DType t) { return t == DType::Q4_0_R16 ? DType::Q4_0 : t; }
-// Index into Kernels' per-type tables (Q4_0_R16 shares Q4_0's).
+// The stored type whose activation blocks (and row kernels) a type uses:
+// an _R16 type is its stored type's blocks re-laid.
+constexpr DType kernel_type(DType t) {
+  return t == DType::Q4_0_R16 ? DType::Q4_0 : t == DType::Q4_K_R16 ? DType::Q4_K : t;
+}
+// Index into Kernels' per-type tables (an _R16 type shares its stored type's).
 constexpr int kernel_index(DType t) { return int(kernel_type(t)) - int(DType::Q8_0); }
 
 const Kernels& kernels_scalar();

@@ -17,7 +17,8 @@ namespace {
 using namespace q;
 
 constexpr int64_t kRowBlock = 16;
-static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0, "a task holds whole Q4_0_R16 groups");
+static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0 && kRowBlock % row_group(DType::Q4_K_R16) == 0,
+              "a task holds whole groups of the _R16 types");
 // Weight bytes x tokens below which a product runs on one thread (fork/join
 // costs a few microseconds).
 constexpr int64_t kParallelWork = int64_t(1) << 16;
@@ -88,33 +89,40 @@ class QuantX {
 void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
               const float* bias, int64_t r0, int64_t r1);
 
-// run_rows for Q4_0_R16: r0 and r1 are multiples of 16 (its tasks are
-// kRowBlock = 16 rows). The level's kernel reads the groups as they are;
-// without one, each group is unpacked into Q4_0 rows and run as Q4_0 (the
-// same integer sums and fp32 steps as the re-laid kernel at AVX-512).
+// run_rows for the _R16 types: r0 and r1 are multiples of 16 (their tasks
+// are kRowBlock = 16 rows). The level's kernel reads the groups as they are;
+// without one, each group is unpacked into stored rows and run as those
+// (Q4_0_R16's kernel does Q4_0's arithmetic on the same integers, so its
+// results are Q4_0's; Q4_K_R16's sums the same exact integers in another
+// fp32 order).
 void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y,
                 int64_t y_stride, const float* bias, int64_t r0, int64_t r1) {
-  const int64_t in = w.cols(), nb = in / 32;
-  const size_t rb = storage_bytes(DType::Q4_0, size_t(in)), gb = 16 * rb;
-  if (!k.tile_q4_0_r16 || !k.tile[kernel_index(DType::Q4_0)]) {
+  const DType base = kernel_type(w.dtype);
+  const int ki = kernel_index(w.dtype);
+  const int64_t in = w.cols(), nb = in / int64_t(block_elems(base));
+  const size_t rb = storage_bytes(base, size_t(in)), gb = 16 * rb;
+  const TileDot tile = k.tile_r16[ki];
+  if (!tile) {
     std::vector<std::byte> rows16(gb);
     for (int64_t g = r0; g < r1; g += 16) {
-      unpack_q4_0_rows16(w.data + size_t(g) * rb, in, rows16.data());
+      unpack_rows16(w.dtype, w.data + size_t(g) * rb, in, rows16.data());
       TensorView v;
       v.data = rows16.data();
-      v.dtype = DType::Q4_0;
+      v.dtype = base;
       v.shape = {16, in};
       run_rows(k, v, qx, n_tokens, y + g, y_stride, bias ? bias + g : nullptr, 0, 16);
     }
     return;
   }
-  const std::byte* xq = qx.tiled(w.dtype);
-  const size_t xs = qx.tiled_stride(w.dtype);
+  // The activations as the stored type's tile takes them.
+  const bool tiled = k.tile[ki] != nullptr;
+  const std::byte* xq = tiled ? qx.tiled(base) : qx.data(base);
+  const size_t xs = tiled ? qx.tiled_stride(base) : qx.stride(base);
   float out[kMaxTileRows * kMaxNT];  // [row][kMaxNT]
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
     const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
     for (int64_t g = r0; g < r1; g += 16) {
-      k.tile_q4_0_r16(w.data + size_t(g) * rb, gb, 16, xq + size_t(t0) * xs, xs, nb, nt, out);
+      tile(w.data + size_t(g) * rb, gb, 16, xq + size_t(t0) * xs, xs, nb, nt, out);
       for (int r = 0; r < 16; ++r) {
         const float bo = bias ? bias[g + r] : 0.f;
         for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + g + r] = out[r * kMaxNT + j] + bo;
@@ -125,7 +133,7 @@ void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t
 
 void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y, int64_t y_stride,
               const float* bias, int64_t r0, int64_t r1) {
-  if (w.dtype == DType::Q4_0_R16) return run_groups(k, w, qx, n_tokens, y, y_stride, bias, r0, r1);
+  if (row_group(w.dtype) != 1) return run_groups(k, w, qx, n_tokens, y, y_stride, bias, r0, r1);
   const int ki = kernel_index(w.dtype);
   const RowDot dot = k.dot[ki];
   const TileDot tile = k.tile[ki];
@@ -162,7 +170,9 @@ std::vector<float> bias_f32(const TensorView* bias, int64_t out) {
 
 }  // namespace
 
-bool q4_0_rows16_pays() { return kernels().tile_q4_0_r16 != nullptr; }
+bool rows16_pays(DType t) {
+  return rows16_type(t) != t && kernels().tile_r16[kernel_index(t)] != nullptr;
+}
 
 void qmatmul(const TensorView& w, const float* x, int64_t n_tokens, float* y, const TensorView* bias) {
   MatmulJob job{&w, y, bias};

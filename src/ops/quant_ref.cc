@@ -255,30 +255,69 @@ void quantize_tensor(DType t, const void* src, DType src_dtype, int64_t rows, in
   if (!error.empty()) throw Error(error);
 }
 
-// ---------- Q4_0_R16 ----------
+// ---------- the _R16 layouts ----------
 namespace {
-constexpr size_t kR16Record = 16 * sizeof(BlockQ4_0);  // one block column of a group: 288 bytes
-void check_r16(const char* what, int64_t rows, int64_t cols) {
-  if (rows < 0 || rows % 16 != 0) fail("{}: {} rows is not a multiple of 16", what, rows);
-  if (cols < 0 || cols % 32 != 0) fail("{}: {} columns is not a multiple of Q4_0's block of 32", what, cols);
+// A block's fields in record order: {offset in the block, bytes}. A 2-byte
+// field is 16 x 2 bytes in the record; one of 4k bytes is k 64-byte vectors,
+// vector j lane r = bytes 4j .. 4j + 3 of row r's field (core/dtype.h).
+struct Field { int off, bytes; };
+struct R16Layout { DType base, r16; Field fields[4]; int n_fields; };
+constexpr R16Layout kR16[] = {
+    {DType::Q4_0, DType::Q4_0_R16, {{0, 2}, {2, 16}}, 2},                      // d, qs
+    {DType::Q4_K, DType::Q4_K_R16, {{0, 2}, {2, 2}, {4, 12}, {16, 128}}, 4},  // d, dmin, scales, qs
+};
+const R16Layout* layout_of(DType t) {
+  for (const R16Layout& l : kR16)
+    if (l.base == t || l.r16 == t) return &l;
+  return nullptr;
 }
-// 16 Q4_0 rows (row-major, rb bytes each) -> one group's records.
-void pack_group(const std::byte* rows16, size_t rb, int64_t nb, std::byte* dst) {
+void check_r16(const char* what, const R16Layout* l, DType t, int64_t rows, int64_t cols) {
+  if (!l) fail("{}: {} has no 16-row layout (Q4_0 and Q4_K have)", what, dtype_name(t));
+  if (rows < 0 || rows % 16 != 0) fail("{}: {} rows is not a multiple of 16", what, rows);
+  const int64_t be = int64_t(block_elems(l->base));
+  if (cols < 0 || cols % be != 0)
+    fail("{}: {} columns is not a multiple of {}'s block of {}", what, cols, dtype_name(l->base), be);
+}
+// Between 16 rows of blocks (row-major, rb bytes a row) and a group's
+// records; to_rows: unpack.
+void relay_group(const R16Layout& l, std::byte* rows16, size_t rb, int64_t nb, std::byte* group, bool to_rows) {
+  const size_t bb = block_bytes(l.base), rec_bytes = 16 * bb;
   for (int64_t i = 0; i < nb; ++i) {
-    std::byte* rec = dst + size_t(i) * kR16Record;
-    for (int r = 0; r < 16; ++r) {
-      const std::byte* blk = rows16 + size_t(r) * rb + size_t(i) * sizeof(BlockQ4_0);
-      std::memcpy(rec + 2 * r, blk, 2);  // the fp16 scale
-      for (int k = 0; k < 4; ++k) std::memcpy(rec + 32 + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+    std::byte* rec = group + size_t(i) * rec_bytes;
+    size_t at = 0;
+    for (int f = 0; f < l.n_fields; ++f) {
+      const Field fd = l.fields[f];
+      for (int r = 0; r < 16; ++r) {
+        std::byte* blk = rows16 + size_t(r) * rb + size_t(i) * bb + size_t(fd.off);
+        if (fd.bytes == 2) {
+          to_rows ? std::memcpy(blk, rec + at + 2 * r, 2) : std::memcpy(rec + at + 2 * r, blk, 2);
+        } else {
+          for (int j = 0; j < fd.bytes / 4; ++j) {
+            std::byte* v = rec + at + 64 * size_t(j) + 4 * size_t(r);
+            to_rows ? std::memcpy(blk + 4 * j, v, 4) : std::memcpy(v, blk + 4 * j, 4);
+          }
+        }
+      }
+      at += 16 * size_t(fd.bytes);
     }
   }
 }
 }  // namespace
 
-void pack_q4_0_rows16(std::byte* data, int64_t rows, int64_t cols) {
-  check_r16("pack_q4_0_rows16", rows, cols);
-  const int64_t nb = cols / 32;
-  const size_t rb = size_t(nb) * sizeof(BlockQ4_0), gb = 16 * rb;
+DType rows16_type(DType t) {
+  const R16Layout* l = layout_of(t);
+  return l ? l->r16 : t;
+}
+DType rows16_base(DType t) {
+  const R16Layout* l = layout_of(t);
+  return l ? l->base : t;
+}
+
+void pack_rows16(DType t, std::byte* data, int64_t rows, int64_t cols) {
+  const R16Layout* l = layout_of(t);
+  check_r16("pack_rows16", l && l->base == t ? l : nullptr, t, rows, cols);
+  const int64_t nb = cols / int64_t(block_elems(t));
+  const size_t rb = size_t(nb) * block_bytes(t), gb = 16 * rb;
 #pragma omp parallel
   {
     std::vector<std::byte> scratch(gb);
@@ -286,23 +325,16 @@ void pack_q4_0_rows16(std::byte* data, int64_t rows, int64_t cols) {
     for (int64_t g = 0; g < rows / 16; ++g) {
       std::byte* grp = data + size_t(g) * gb;
       std::memcpy(scratch.data(), grp, gb);
-      pack_group(scratch.data(), rb, nb, grp);
+      relay_group(*l, scratch.data(), rb, nb, grp, /*to_rows=*/false);
     }
   }
 }
 
-void unpack_q4_0_rows16(const std::byte* group, int64_t cols, std::byte* dst) {
-  check_r16("unpack_q4_0_rows16", 16, cols);
-  const int64_t nb = cols / 32;
-  const size_t rb = size_t(nb) * sizeof(BlockQ4_0);
-  for (int64_t i = 0; i < nb; ++i) {
-    const std::byte* rec = group + size_t(i) * kR16Record;
-    for (int r = 0; r < 16; ++r) {
-      std::byte* blk = dst + size_t(r) * rb + size_t(i) * sizeof(BlockQ4_0);
-      std::memcpy(blk, rec + 2 * r, 2);
-      for (int k = 0; k < 4; ++k) std::memcpy(blk + 2 + 4 * k, rec + 32 + 64 * k + 4 * r, 4);
-    }
-  }
+void unpack_rows16(DType r16, const std::byte* group, int64_t cols, std::byte* dst) {
+  const R16Layout* l = layout_of(r16);
+  check_r16("unpack_rows16", l && l->r16 == r16 ? l : nullptr, r16, 16, cols);
+  const int64_t nb = cols / int64_t(block_elems(r16));
+  relay_group(*l, dst, size_t(nb) * block_bytes(r16), nb, const_cast<std::byte*>(group), /*to_rows=*/true);
 }
 
 float qdot_row_f32(DType t, const void* row, const float* x, int64_t n) {
