@@ -40,7 +40,7 @@ void add_weights_flag(CLI::App* cmd, WeightOpts& weights) {
                   "Quantise the weight matrices on load: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (or f16, "
                   "bf16, f32); as `convert --type` stores them (default: as in the file)");
   cmd->add_flag("--keep-layout", weights.keep_layout,
-                "Keep Q4_0 and Q4_K weights in the file's row layout (by default they are re-laid in 16-row groups "
+                "Keep Q8_0, Q4_0 and Q4_K weights in the file's row layout (by default they are re-laid in 16-row groups "
                 "for the AVX-512 kernels, about 2x their speed)");
 }
 

@@ -30,7 +30,7 @@ struct Weights {
       bytes.resize(f.size() * 2);
       auto* p = reinterpret_cast<uint16_t*>(bytes.data());
       for (size_t i = 0; i < f.size(); ++i) p[i] = dtype == DType::BF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
-    } else if (row_group(dtype) != 1) {  // Q4_0 / Q4_K re-laid as the engine lays them at load
+    } else if (row_group(dtype) != 1) {  // Q8_0 / Q4_0 / Q4_K re-laid as the engine lays them at load
       const DType base = ops::rows16_base(dtype);
       bytes.resize(ops::quantized_bytes(base, out, in));
       ops::quantize_tensor(base, f.data(), DType::F32, out, in, bytes.data());

@@ -52,6 +52,7 @@ void MatvecArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QMatvec<DType::BF16>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q8_0>)->Apply(MatvecArgs);
+BENCHMARK(BM_QMatvec<DType::Q8_0_R16>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q4_0>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q4_0_R16>)->Apply(MatvecArgs);
 BENCHMARK(BM_QMatvec<DType::Q4_1>)->Apply(MatvecArgs);
@@ -83,6 +84,7 @@ void MatmulArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_QMatmul<DType::BF16>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q8_0>)->Apply(MatmulArgs);
+BENCHMARK(BM_QMatmul<DType::Q8_0_R16>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q4_0>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q4_0_R16>)->Apply(MatmulArgs);
 BENCHMARK(BM_QMatmul<DType::Q4_K>)->Apply(MatmulArgs);

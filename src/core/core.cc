@@ -41,6 +41,7 @@ std::string_view dtype_name(DType t) {
     case DType::Q6_K: return "Q6_K";
     case DType::Q4_0_R16: return "Q4_0_R16";
     case DType::Q4_K_R16: return "Q4_K_R16";
+    case DType::Q8_0_R16: return "Q8_0_R16";
   }
   return "?";
 }

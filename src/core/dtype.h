@@ -12,7 +12,7 @@ namespace ptllm {
 // types (ggml's layouts): a row of `cols` elements is cols / block_elems(t)
 // blocks of block_bytes(t) bytes each; the kernels live in src/ops.
 //
-// Q4_0_R16 and Q4_K_R16 are Q4_0 and Q4_K re-laid in memory for the AVX-512
+// Q8_0_R16, Q4_0_R16 and Q4_K_R16 are Q8_0, Q4_0 and Q4_K re-laid in memory for the AVX-512
 // kernels, never in a file: the same blocks and bytes, but rows go in groups
 // of 16, and a group's block column i is one record of 16 blocks' bytes with
 // each field side by side: a 2-byte field (a scale) as 16 x 2 bytes, a field
@@ -21,16 +21,19 @@ namespace ptllm {
 // contiguous, so row pointers (data + r * row bytes) are wrong for them: use
 // ops::row_to_f32.
 enum class DType : uint8_t { F32, F16, BF16, I8, I4, I32, I64, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_0_R16,
-                             Q4_K_R16 };
+                             Q4_K_R16, Q8_0_R16 };
 
 constexpr bool is_block_quantised(DType t) { return t >= DType::Q8_0; }
 // Rows stored in interleaved groups (the _R16 types: 16), 1 for row-major types.
-constexpr int64_t row_group(DType t) { return t == DType::Q4_0_R16 || t == DType::Q4_K_R16 ? 16 : 1; }
+constexpr int64_t row_group(DType t) {
+  return t == DType::Q4_0_R16 || t == DType::Q4_K_R16 || t == DType::Q8_0_R16 ? 16 : 1;
+}
 
 // Elements per block (1 for element types).
 constexpr size_t block_elems(DType t) {
   switch (t) {
     case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q4_0_R16:
+    case DType::Q8_0_R16:
       return 32;
     case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::Q4_K_R16: return 256;
     default: return 1;
@@ -43,7 +46,7 @@ constexpr size_t block_elems(DType t) {
 // 128 low nibbles + 64 high 2-bit + 16 i8 scales + f16 d.
 constexpr size_t block_bytes(DType t) {
   switch (t) {
-    case DType::Q8_0: return 34;
+    case DType::Q8_0: case DType::Q8_0_R16: return 34;
     case DType::Q4_0: case DType::Q4_0_R16: return 18;
     case DType::Q4_1: return 20;
     case DType::Q5_0: return 22;

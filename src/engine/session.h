@@ -32,11 +32,11 @@ struct LoadOptions {
   // token) or `--mmap`ped (shared with other processes through the page cache).
   // With `weights` set the files are always mapped (load_model says why).
   FileLoad file_load = FileLoad::Read;
-  // Q4_0 and Q4_K matrices re-laid in 16-row groups (core/dtype.h) where the
+  // Q8_0, Q4_0 and Q4_K matrices re-laid in 16-row groups (core/dtype.h) where the
   // current SIMD level has a kernel for that (ops::rows16_pays: AVX-512 VNNI)
   // and the bytes are private (read in, or made by --weights); a --mmap'ed
-  // file's stay as stored. Q4_0: the same logits either way; Q4_K: the same
-  // exact integer sums, added in another fp32 order.
+  // file's stay as stored. Q4_0: the same logits either way; Q8_0 and Q4_K:
+  // the same exact integer sums, added in another fp32 order.
   bool relay_weights = true;
 };
 LoadedModel load_model(const std::string& path, const LoadOptions& opt = {});

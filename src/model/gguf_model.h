@@ -35,7 +35,7 @@ void permute_qk_rows(const std::byte* in, std::byte* out, int64_t n_heads, int64
 // tokenizer (tokenizer.ggml.*); the Model keeps it in memory either way.
 // `how`: map the file or read it into memory (io/mmap.h). relay: the
 // matrices of a type whose 16-row layout has a kernel at the current SIMD
-// level (ops::rows16_pays: Q4_0, Q4_K at AVX-512), rows a multiple of 16, are
+// level (ops::rows16_pays: Q8_0, Q4_0, Q4_K at AVX-512), rows a multiple of 16, are
 // re-laid in place (core/dtype.h) where the memory is private (read in, or a
 // copy this loader made: Q and K); a mapped file's other tensors stay as stored.
 std::unique_ptr<Model> load_gguf_model(const std::string& path, std::shared_ptr<const GgufFile>* file = nullptr,

@@ -23,15 +23,20 @@ std::unique_ptr<Model> Model::with_weight_type(std::unique_ptr<Model> m, DType t
     const TensorView src = store.get(name);
     const int64_t rows = src.shape[0], cols = src.shape[1];
     const DType t = matrix_storage_type(cols, type);
-    if (src.dtype == t) continue;
-    if (src.dtype != DType::F32 && src.dtype != DType::F16 && src.dtype != DType::BF16 && !is_block_quantised(src.dtype))
+    const bool relays = relay && rows % 16 == 0 && ops::rows16_pays(t);
+    // Already of the type: kept as it is, or copied to be re-laid (the file is mapped, see load_model).
+    if (src.dtype == t && !relays) continue;
+    if (row_group(src.dtype) != 1 ||
+        (src.dtype != DType::F32 && src.dtype != DType::F16 && src.dtype != DType::BF16 && !is_block_quantised(src.dtype)))
       fail("{}: tensor {} has dtype {}, which --weights cannot re-encode", store.source_of(name), name,
            dtype_name(src.dtype));
     const size_t bytes = size_t(rows) * storage_bytes(t, size_t(cols));
     // 64-byte aligned, as a mapped tensor would be.
     std::shared_ptr<std::byte[]> buf(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t(64))),
                                      [](std::byte* p) { ::operator delete[](p, std::align_val_t(64)); });
-    if (is_block_quantised(t) && !is_block_quantised(src.dtype)) {
+    if (src.dtype == t) {
+      std::memcpy(buf.get(), src.data, bytes);
+    } else if (is_block_quantised(t) && !is_block_quantised(src.dtype)) {
       ops::quantize_tensor(t, src.data, src.dtype, rows, cols, buf.get());  // rows in parallel
     } else {
       encode_rows(src, 0, rows, t, buf.get());
@@ -40,7 +45,7 @@ std::unique_ptr<Model> Model::with_weight_type(std::unique_ptr<Model> m, DType t
     v.data = buf.get();
     v.dtype = t;
     v.shape = src.shape;
-    if (relay && rows % 16 == 0 && ops::rows16_pays(t)) {
+    if (relays) {
       ops::pack_rows16(t, buf.get(), rows, cols);
       v.dtype = ops::rows16_type(t);
     }

@@ -307,6 +307,58 @@ void tile16_q4_r16(const std::byte* w, size_t ws, int nr, const std::byte* xt, s
   with_1to4(nt, [&](auto NT) { tile16_t<NT(), true>(w, ws, nr, xt, xs, nb, out); });
 }
 
+// ---------- Q8_0_R16: 16 rows in the 16 lanes ----------
+// w is one group of Q8_0_R16 (core/dtype.h): record i (544 bytes) is the 16
+// rows' fp16 scales, then 8 vectors, vector k holding codes 4k .. 4k + 3 of
+// row r in lane r. The token side is the Q8_0 tile's TilePairs (codes made
+// unsigned, x + 128; block i is pair i / 2, half i % 2), whose 4 codes are
+// broadcast, so dpbusd (u8 token x s8 weights) gives each row's sum of
+// (x + 128) w in its own lane; the seed -128 * sum(w) (8 dpbusd of ones with
+// the weights, shared by the tokens) makes it x . w exactly. Per (16 rows,
+// token, block): 8 dpbusd, convert, multiply, FMA, in a fixed order per lane
+// (batch invariance); the 4 x 4 tile FMAs partial lane sums instead, so the
+// results differ from its in the last fp32 bits.
+template <int NT>
+void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+  constexpr size_t kRec = 16 * sizeof(BlockQ8_0);
+  const TilePair* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TilePair*>(xt + size_t(t) * xs);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t i = 0; i < nb; ++i) {
+    const std::byte* rec = w + size_t(i) * kRec;
+    if constexpr (NT == 1)  // one token is bound by the weight stream: two records ahead
+      for (size_t l = 0; l < kRec; l += 64) _mm_prefetch(reinterpret_cast<const char*>(rec) + 2 * kRec + l, _MM_HINT_T0);
+    const __m512 wd = _mm512_cvtph_ps(load32(rec));
+    __m512i wv[8];
+    __m512i wsum = _mm512_setzero_si512();
+    for (int k = 0; k < 8; ++k) {
+      wv[k] = _mm512_loadu_si512(rec + 32 + 64 * k);
+      wsum = _mm512_dpbusd_epi32(wsum, ones, wv[k]);
+    }
+    const __m512i seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(wsum, 7));
+    const int64_t p = i / 2, h = i % 2;
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* c = x[t][p].qs + 32 * h;
+      __m512i s = seed;
+      for (int k = 0; k < 8; ++k) {
+        int32_t cd;
+        std::memcpy(&cd, c + 4 * k, 4);
+        s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(cd), wv[k]);
+      }
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][p].d[8 * h])), acc[t]);
+    }
+  }
+  alignas(64) float o[4][16];
+  for (int t = 0; t < NT; ++t) _mm512_store_ps(o[t], acc[t]);
+  for (int r = 0; r < 16; ++r)
+    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = o[t][r];
+}
+
+void tile16_q8_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
+  with_1to4(nt, [&](auto NT) { tile16_q8_t<NT()>(w, xt, xs, nb, out); });
+}
+
 // ---------- Q4_K_R16: 16 rows in the 16 lanes ----------
 // w is one group of Q4_K_R16 (core/dtype.h); record i (super-block column i,
 // 2,304 bytes) is the 16 rows' d (32 bytes), dmin (32), their 12 scale bytes
@@ -579,6 +631,7 @@ constexpr Kernels kTable512 = [] {
   k.tile_rows1[kernel_index(DType::Q8_0)] = 1;
   k.tile[kernel_index(DType::Q4_0)] = tile16_q4;
   k.tile_r16[kernel_index(DType::Q4_0)] = tile16_q4_r16;
+  k.tile_r16[kernel_index(DType::Q8_0)] = tile16_q8_r16;
   k.tile_r16[kernel_index(DType::Q4_K)] = tile16_q4k_r16;
   k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {

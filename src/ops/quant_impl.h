@@ -157,7 +157,7 @@ struct Kernels {
 // The stored type whose activation blocks (and row kernels) a type uses:
 // an _R16 type is its stored type's blocks re-laid.
 constexpr DType kernel_type(DType t) {
-  return t == DType::Q4_0_R16 ? DType::Q4_0 : t == DType::Q4_K_R16 ? DType::Q4_K : t;
+  return t == DType::Q4_0_R16 ? DType::Q4_0 : t == DType::Q4_K_R16 ? DType::Q4_K : t == DType::Q8_0_R16 ? DType::Q8_0 : t;
 }
 // Index into Kernels' per-type tables (an _R16 type shares its stored type's).
 constexpr int kernel_index(DType t) { return int(kernel_type(t)) - int(DType::Q8_0); }

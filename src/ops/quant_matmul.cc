@@ -17,7 +17,8 @@ namespace {
 using namespace q;
 
 constexpr int64_t kRowBlock = 16;
-static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0 && kRowBlock % row_group(DType::Q4_K_R16) == 0,
+static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0 && kRowBlock % row_group(DType::Q4_K_R16) == 0 &&
+                  kRowBlock % row_group(DType::Q8_0_R16) == 0,
               "a task holds whole groups of the _R16 types");
 // Weight bytes x tokens below which a product runs on one thread (fork/join
 // costs a few microseconds).

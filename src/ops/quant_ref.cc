@@ -263,6 +263,7 @@ namespace {
 struct Field { int off, bytes; };
 struct R16Layout { DType base, r16; Field fields[4]; int n_fields; };
 constexpr R16Layout kR16[] = {
+    {DType::Q8_0, DType::Q8_0_R16, {{0, 2}, {2, 32}}, 2},                      // d, qs
     {DType::Q4_0, DType::Q4_0_R16, {{0, 2}, {2, 16}}, 2},                      // d, qs
     {DType::Q4_K, DType::Q4_K_R16, {{0, 2}, {2, 2}, {4, 12}, {16, 128}}, 4},  // d, dmin, scales, qs
 };
@@ -272,7 +273,7 @@ const R16Layout* layout_of(DType t) {
   return nullptr;
 }
 void check_r16(const char* what, const R16Layout* l, DType t, int64_t rows, int64_t cols) {
-  if (!l) fail("{}: {} has no 16-row layout (Q4_0 and Q4_K have)", what, dtype_name(t));
+  if (!l) fail("{}: {} has no 16-row layout (Q8_0, Q4_0 and Q4_K have)", what, dtype_name(t));
   if (rows < 0 || rows % 16 != 0) fail("{}: {} rows is not a multiple of 16", what, rows);
   const int64_t be = int64_t(block_elems(l->base));
   if (cols < 0 || cols % be != 0)

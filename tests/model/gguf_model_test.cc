@@ -293,19 +293,20 @@ TEST(GgufModel, WeightsOnLoadEqualConvertedGguf) {
   }
 }
 
-// Q4_0 and Q4_K re-laid at load (the _R16 types, core/dtype.h): llama.cpp's
+// Q8_0, Q4_0 and Q4_K re-laid at load (the _R16 types, core/dtype.h): llama.cpp's
 // files read in are re-laid in place, Q/K (permuted into copies) too, a mapped
 // file's tensors are left as stored (but for those copies), and `--weights`
 // re-lays what it quantises. Q4_0: bit-identical logits, prefill and a
 // batched decode step (its kernel does Q4_0's arithmetic on the same
-// integers). Q4_K (the Q4_K_M file, Q6_K left as it is): the same exact
+// integers). Q8_0 and Q4_K (the Q4_K_M file, Q6_K left as it is): the same exact
 // integer sums added in another fp32 order; each layer's activations are
 // re-quantised to int8, so a last-bit difference can move a code and grow:
 // logits within 0.1 of max |logit| (measured 0.029; the stored Q4_K itself
 // differs by 0.039 between the AVX2 and AVX-512 levels and 0.031 between
 // scalar and AVX-512) and the same greedy tokens at every position. Where no
 // kernel exists nothing is re-laid.
-void check_relaid(const std::string& what, const LoadedModel& a, const LoadedModel& b, const LoadedModel* mapped) {
+void check_relaid(const std::string& what, const LoadedModel& a, const LoadedModel& b, const LoadedModel* mapped,
+                  DType type) {
   int n_relaid = 0;
   for (const auto& [n, v] : a.model->tensors().all()) {
     const DType was = b.model->tensors().get(n).dtype;
@@ -320,7 +321,7 @@ void check_relaid(const std::string& what, const LoadedModel& a, const LoadedMod
   if (ops::rows16_pays(DType::Q4_0)) EXPECT_GT(n_relaid, 10) << what;
   const auto ids = some_ids(24, 32000);
   const auto la = full_logits(*a.model, ids), lb = full_logits(*b.model, ids);
-  const bool exact = !ops::rows16_pays(DType::Q4_K) || what.find("q4_k") == std::string::npos;
+  const bool exact = type == DType::Q4_0 || !ops::rows16_pays(type);
   if (exact) EXPECT_EQ(la, lb) << what;
   else EXPECT_LE(rel_diff(la, lb), 0.1) << what;
   if (mapped && exact) EXPECT_EQ(la, full_logits(*mapped->model, ids)) << what;
@@ -348,24 +349,31 @@ void check_relaid(const std::string& what, const LoadedModel& a, const LoadedMod
   else EXPECT_LE(rel_diff(ya, yb), 0.1) << what;
 }
 
-TEST(GgufModel, Q4_0AndQ4_KRelaidAtLoadGiveTheSameLogits) {
-  for (const std::string f : {"flagship-q4_0.gguf", "flagship-q4_k_m.gguf"}) {
+TEST(GgufModel, Q8_0Q4_0AndQ4_KRelaidAtLoadGiveTheSameLogits) {
+  for (const auto& [f, t] : {std::pair{"flagship-q4_0.gguf", DType::Q4_0}, {"flagship-q4_k_m.gguf", DType::Q4_K},
+                              {"flagship-q8_0.gguf", DType::Q8_0}}) {
     const std::string path = test::shared_dir() + "/models/flagship-27m-gguf/" + f;
     LoadOptions keep, mapped;
     keep.relay_weights = false;
     mapped.file_load = FileLoad::Map;
     const LoadedModel a = load_model(path), b = load_model(path, keep), c = load_model(path, mapped);
-    check_relaid(f, a, b, &c);
+    check_relaid(f, a, b, &c, t);
   }
   const std::string dir = test::repo_dir() + "/models/flagship-27m";
-  for (DType t : {DType::Q4_0, DType::Q4_K}) {
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q8_0}) {
     LoadOptions on, off;
     on.weights = off.weights = t;
     off.relay_weights = false;
     std::string name(dtype_name(t));
     for (char& ch : name) ch = char(std::tolower(ch));
-    check_relaid("--weights " + name, load_model(dir, on), load_model(dir, off), nullptr);
+    check_relaid("--weights " + name, load_model(dir, on), load_model(dir, off), nullptr, t);
   }
+  // --weights of the file's own type re-lays it too (a copy: the file is mapped then).
+  LoadOptions same, same_keep;
+  same.weights = same_keep.weights = DType::Q8_0;
+  same_keep.relay_weights = false;
+  const std::string q8 = test::shared_dir() + "/models/flagship-27m-gguf/flagship-q8_0.gguf";
+  check_relaid("--weights q8_0 on q8_0", load_model(q8, same), load_model(q8, same_keep), nullptr, DType::Q8_0);
 }
 
 // The tiny fixtures: rows that are not whole blocks fall back to F16 exactly
@@ -381,6 +389,7 @@ TEST(GgufModel, WeightsOnLoadFixturesAndNoOp) {
     auto gg = load_gguf_model(out);
     LoadOptions lo;
     lo.weights = DType::Q8_0;
+    lo.relay_weights = false;  // as stored (the 16-row layouts: ...RelaidAtLoad... above)
     LoadedModel lm = load_model(dir, lo);
     const auto ids = some_ids(12, int(gg->config().vocab_size));
     EXPECT_EQ(full_logits(*lm.model, ids), full_logits(*gg, ids)) << fx;
@@ -388,9 +397,10 @@ TEST(GgufModel, WeightsOnLoadFixturesAndNoOp) {
       if (v.shape.size() == 2) EXPECT_EQ(v.dtype, matrix_storage_type(v.shape[1], DType::Q8_0)) << fx << " " << n;
   }
   const std::string q8 = test::shared_dir() + "/models/flagship-27m-gguf/flagship-q8_0.gguf";
-  LoadOptions lo;
+  LoadOptions lo, plain;
   lo.weights = DType::Q8_0;
-  LoadedModel a = load_model(q8), b = load_model(q8, lo);
+  lo.relay_weights = plain.relay_weights = false;
+  LoadedModel a = load_model(q8, plain), b = load_model(q8, lo);
   const std::string up = "model.layers.3.mlp.up_proj.weight";
   EXPECT_EQ(b.model->tensors().source_of(up), a.model->tensors().source_of(up));  // kept, not re-encoded
   EXPECT_EQ(b.model->tensors().source_of(up).find("--weights"), std::string::npos);

@@ -1,15 +1,16 @@
-// The _R16 layouts (core/dtype.h): Q4_0 and Q4_K re-laid in 16-row groups for
+// The _R16 layouts (core/dtype.h): Q8_0, Q4_0 and Q4_K re-laid in 16-row groups for
 // the AVX-512 kernels. The layout is checked byte by byte against its
 // definition (written out here, field by field), the products against the
 // stored type's at every ISA level, and the row readers against the stored
 // type's exact dequantisation.
 //
 // Tolerances: Q4_0_R16's kernel does Q4_0's arithmetic on the same integers,
-// so its products equal Q4_0's bit for bit at every level. Q4_K_R16's sums
-// the same exact integers per super-block but adds the fp32 terms in another
-// order than the 4-row Q4_K tile: within 1e-5 of sum |w x| (as the tile
-// itself against the scalar path, quant_kernel_test.cc), and bit-identical
-// at the levels without its kernel (they unpack and run Q4_K's).
+// so its products equal Q4_0's bit for bit at every level. Q8_0_R16's and
+// Q4_K_R16's sum the same exact integers per block but add the fp32 terms in
+// another order than the 4-row tiles: within 1e-5 of sum |w x| (as the tiles
+// themselves against the scalar path, quant_kernel_test.cc), and
+// bit-identical at the levels without their kernel (they unpack and run the
+// stored type's).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,6 +54,7 @@ struct TypeCase {
 };
 const std::vector<TypeCase>& cases() {
   static const std::vector<TypeCase> c = {
+      {DType::Q8_0, DType::Q8_0_R16, 9 * 32, 2048, {{0, 2}, {2, 32}}},
       {DType::Q4_0, DType::Q4_0_R16, 9 * 32, 2048, {{0, 2}, {2, 16}}},
       {DType::Q4_K, DType::Q4_K_R16, 3 * 256, 2048, {{0, 2}, {2, 2}, {4, 12}, {16, 128}}},
   };
@@ -64,7 +66,7 @@ TEST(Rows16, LayoutIsTheDefinitionAndUnpacksBack) {
     SCOPED_TRACE(dtype_name(tc.t));
     EXPECT_EQ(ops::rows16_type(tc.t), tc.r16);
     EXPECT_EQ(ops::rows16_base(tc.r16), tc.t);
-    EXPECT_EQ(ops::rows16_type(DType::Q8_0), DType::Q8_0);  // no 16-row layout
+    EXPECT_EQ(ops::rows16_type(DType::Q6_K), DType::Q6_K);  // no 16-row layout
     const int64_t rows = 48, cols = tc.cols_small, nb = cols / int64_t(block_elems(tc.t));
     const Relaid w(tc.t, rows, cols, 1);
     const size_t bb = block_bytes(tc.t), rb = size_t(nb) * bb;
@@ -191,8 +193,9 @@ TEST(Rows16, PaysOnlyWithTheKernel) {
   EXPECT_FALSE(ops::rows16_pays(DType::Q4_0));
   EXPECT_FALSE(ops::rows16_pays(DType::Q4_K));
   ops::set_simd_level(ops::best_simd_level());
-  EXPECT_FALSE(ops::rows16_pays(DType::Q8_0));  // no 16-row layout at all
+  EXPECT_FALSE(ops::rows16_pays(DType::Q6_K));  // no 16-row layout at all
   if (ops::simd_level() == ops::SimdLevel::Avx512) {
+    EXPECT_TRUE(ops::rows16_pays(DType::Q8_0));
     EXPECT_TRUE(ops::rows16_pays(DType::Q4_0));
     EXPECT_TRUE(ops::rows16_pays(DType::Q4_K));
   }
@@ -204,12 +207,12 @@ TEST(Rows16, BadTypesShapesAndRowPointersAreOneLineErrors) {
             std::string::npos);
   EXPECT_NE(error_of([&] { ops::pack_rows16(DType::Q4_0, buf.data(), 16, 40); }).find("not a multiple of Q4_0's block"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { ops::pack_rows16(DType::Q8_0, buf.data(), 16, 64); }).find("Q8_0 has no 16-row layout"),
+  EXPECT_NE(error_of([&] { ops::pack_rows16(DType::Q5_0, buf.data(), 16, 64); }).find("Q5_0 has no 16-row layout"),
             std::string::npos);
   EXPECT_NE(error_of([&] { ops::pack_rows16(DType::Q4_0_R16, buf.data(), 16, 64); }).find("no 16-row layout"),
             std::string::npos);  // already re-laid
   std::vector<float> out(256);
-  for (DType r16 : {DType::Q4_0_R16, DType::Q4_K_R16})
+  for (DType r16 : {DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_K_R16})
     EXPECT_NE(error_of([&] { ops::dequantize_row(r16, buf.data(), out.data(), 256); }).find("groups of 16"),
               std::string::npos);
   const TensorView odd{buf.data(), DType::Q4_0_R16, {20, 64}};
