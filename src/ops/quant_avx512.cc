@@ -199,6 +199,16 @@ inline __m512i rows4(const std::byte* const* p, int j, size_t off) {
   return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(v, ld(j + 4), 1), ld(j + 8), 2), ld(j + 12), 3);
 }
 
+// The 16-rows-in-lanes tiles' results: lane r of acc[t] -> out[r * kMaxNT + t]
+// for r < nr, t < NT.
+template <int NT>
+inline void store_lanes(const __m512* acc, int nr, float* out) {
+  alignas(64) float v[4][16];
+  for (int t = 0; t < NT; ++t) _mm512_store_ps(v[t], acc[t]);
+  for (int r = 0; r < nr; ++r)
+    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = v[t][r];
+}
+
 // kPacked: w is one group of Q4_0_R16 (core/dtype.h), whose record i holds
 // exactly what the GGUF-layout path gathers and transposes for block i (the
 // 16 scales, then wk[0..3]), so both paths compute every sum with the same
@@ -288,13 +298,8 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     if constexpr (NT > 2) mac(x[2][i], acc2);
     if constexpr (NT > 3) mac(x[3][i], acc3);
   }
-  alignas(64) float v[4][16];
-  _mm512_store_ps(v[0], acc0);
-  if constexpr (NT > 1) _mm512_store_ps(v[1], acc1);
-  if constexpr (NT > 2) _mm512_store_ps(v[2], acc2);
-  if constexpr (NT > 3) _mm512_store_ps(v[3], acc3);
-  for (int r = 0; r < nr; ++r)
-    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = v[t][r];
+  const __m512 acc[4] = {acc0, acc1, acc2, acc3};
+  store_lanes<NT>(acc, nr, out);
 }
 
 void tile16_q4(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
@@ -349,10 +354,7 @@ void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb,
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][p].d[8 * h])), acc[t]);
     }
   }
-  alignas(64) float o[4][16];
-  for (int t = 0; t < NT; ++t) _mm512_store_ps(o[t], acc[t]);
-  for (int r = 0; r < 16; ++r)
-    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = o[t][r];
+  store_lanes<NT>(acc, 16, out);
 }
 
 void tile16_q8_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
@@ -441,10 +443,7 @@ void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, f
       acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(x[t][i].d), acc[t]);
     }
   }
-  alignas(64) float o[4][16];
-  for (int t = 0; t < NT; ++t) _mm512_store_ps(o[t], acc[t]);
-  for (int r = 0; r < 16; ++r)
-    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = o[t][r];
+  store_lanes<NT>(acc, 16, out);
 }
 
 void tile16_q4k_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
