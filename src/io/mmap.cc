@@ -97,7 +97,8 @@ void MappedFile::read(int fd) {
 }
 
 bool MappedFile::rewrite(const std::byte* p, size_t n, const std::function<void(std::byte*)>& fn) {
-  if (!read_ || !data_ || p < data_ || n > size_ || size_t(p - data_) > size_ - n) return false;
+  const auto at = reinterpret_cast<uintptr_t>(p), base_at = reinterpret_cast<uintptr_t>(data_);
+  if (!read_ || !data_ || at < base_at || n > size_ || at - base_at > size_ - n) return false;
   // Whole huge pages (the mapping starts on one, read()): a protection
   // change that splits one at a tensor's edge would leave it in 4 KiB pages.
   const size_t off = size_t(p - data_), first = off / kHuge * kHuge;

@@ -174,6 +174,39 @@ TEST(MappedFile, ReadEqualsMap) {
   EXPECT_NE(error_of([&] { MappedFile(tmpdir() + "/absent", FileLoad::Read); }).find("cannot open"), std::string::npos);
 }
 
+// rewrite(): a read-in file's bytes can be rewritten in place (the range
+// only, the file on disk untouched, the object moved keeps them); a mapped
+// file and ranges outside the file refuse without running the function.
+TEST(MappedFile, RewriteChangesOnlyAReadInCopy) {
+  const size_t n = (size_t(2) << 20) + 4099;  // across a huge page
+  const std::string p = tmpdir() + "/rewrite";
+  std::string bytes(n, '\0');
+  for (size_t i = 0; i < n; ++i) bytes[i] = char((i * 37 + 3) % 253);
+  { std::ofstream f(p, std::ios::binary); f << bytes; }
+  MappedFile read(p, FileLoad::Read), mapped(p, FileLoad::Map);
+  const size_t off = (size_t(2) << 20) - 10, len = 20;  // straddles the huge-page boundary
+  bool ran = false;
+  EXPECT_TRUE(read.rewrite(read.data() + off, len, [&](std::byte* q) {
+    ran = true;
+    for (size_t i = 0; i < len; ++i) q[i] = std::byte(0xAB);
+  }));
+  EXPECT_TRUE(ran);
+  for (size_t i = 0; i < n; ++i) {
+    const char want = i >= off && i < off + len ? char(0xAB) : bytes[i];
+    ASSERT_EQ(char(read.data()[i]), want) << i;
+  }
+  EXPECT_EQ(std::memcmp(mapped.data(), bytes.data(), n), 0);  // the file itself is as it was
+  ran = false;
+  const auto mark = [&](std::byte*) { ran = true; };
+  EXPECT_FALSE(mapped.rewrite(mapped.data(), 4, mark));
+  EXPECT_FALSE(read.rewrite(read.data() + n - 2, 4, mark));  // past the end
+  EXPECT_FALSE(read.rewrite(mapped.data(), 4, mark));        // not this file's bytes
+  EXPECT_FALSE(ran);
+  MappedFile moved = std::move(read);
+  EXPECT_TRUE(moved.rewrite(moved.data(), 1, [](std::byte* q) { q[0] = std::byte(1); }));
+  EXPECT_EQ(moved.data()[0], std::byte(1));
+}
+
 // A model read into memory holds the same weights as the mapped one.
 TEST(ModelLoad, ReadAndMapGiveTheSameWeights) {
   auto a = Model::load_hf(test::repo_dir() + "/models/flagship-27m", FileLoad::Map);
