@@ -43,11 +43,11 @@ void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const floa
 // ---------- the _R16 layouts: Q8_0, Q4_0 and Q4_K re-laid for AVX-512 (core/dtype.h) ----------
 // The 16-rows-in-lanes Q4_0 kernel reads, per block column, 16 rows' 16 code
 // bytes and 16 scales from 16 places a row apart: 16 loads, 12 inserts, 8
-// shuffles and a 16-element gather per 512 weights, which bound it at about
-// 19 GB/s of weights per core, near this machine's DRAM bandwidth; Q4_K's
-// row kernel was as slow, Q8_0's 4 x 4 tile not much faster (docs/BENCHMARKS.md, "Session 16"). Re-laid once at
-// load, a block column of 16 rows is a few whole-vector loads, and every
-// lane is one row.
+// shuffles and a 16-element gather per 512 weights, which bound it near this
+// machine's DRAM bandwidth; Q4_K's row kernel was as slow, Q8_0's 4 x 4 tile
+// not much faster (docs/BENCHMARKS.md, "Session 16"). Re-laid once at load, a
+// block column of 16 rows is a few whole-vector loads, and every lane is one
+// row.
 //
 // The re-laid form of a stored type (Q8_0 -> Q8_0_R16, Q4_0 -> Q4_0_R16, Q4_K -> Q4_K_R16), or
 // t itself where there is none; and the stored type of a re-laid one.

@@ -69,7 +69,7 @@ class QuantX {
   // The tiles of the 32-element types take their rows re-laid (TileActs);
   // the K types' tiles read the A256 rows as they are.
   static bool relaid(DType t) { return !uses_a256(t); }
-  // Q4_0_R16 shares Q4_0's (kernel_type).
+  // Callers pass the stored type (kernel_type) for an _R16 weight.
   const std::byte* tiled(DType t) const { return relaid(t) ? tiled_[size_t(kernel_index(t))].data() : data(t); }
   size_t tiled_stride(DType t) const { return relaid(t) ? tile_row_bytes(in_ / 32) : stride(t); }
 
@@ -94,7 +94,7 @@ void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n
 // are kRowBlock = 16 rows). The level's kernel reads the groups as they are;
 // without one, each group is unpacked into stored rows and run as those
 // (Q4_0_R16's kernel does Q4_0's arithmetic on the same integers, so its
-// results are Q4_0's; Q4_K_R16's sums the same exact integers in another
+// results are Q4_0's; Q8_0_R16's and Q4_K_R16's sum the same exact integers in another
 // fp32 order).
 void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n_tokens, float* y,
                 int64_t y_stride, const float* bias, int64_t r0, int64_t r1) {
