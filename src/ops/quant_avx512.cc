@@ -199,22 +199,37 @@ inline __m512i rows4(const std::byte* const* p, int j, size_t off) {
   return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(v, ld(j + 4), 1), ld(j + 8), 2), ld(j + 12), 3);
 }
 
-// The 16-rows-in-lanes tiles' results: lane r of acc[t] -> out[r * kMaxNT + t]
-// for r < nr, t < NT.
+// Where the 16-rows-in-lanes tiles' results go (lane r of acc[t] is row r,
+// token t): a TileDot's out[r * kMaxNT + t] for r < nr, or a GroupDot's
+// y[t * ystride + r] + bias[r], one vector per token.
+struct LanesOut {
+  float* out;
+  int nr;
+};
+struct GroupOut {
+  const float* bias;
+  float* y;
+  int64_t ystride;
+};
 template <int NT>
-inline void store_lanes(const __m512* acc, int nr, float* out) {
+inline void store_tile(const __m512* acc, const LanesOut& o) {
   alignas(64) float v[4][16];
   for (int t = 0; t < NT; ++t) _mm512_store_ps(v[t], acc[t]);
-  for (int r = 0; r < nr; ++r)
-    for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = v[t][r];
+  for (int r = 0; r < o.nr; ++r)
+    for (int t = 0; t < NT; ++t) o.out[r * kMaxNT + t] = v[t][r];
+}
+template <int NT>
+inline void store_tile(const __m512* acc, const GroupOut& o) {
+  const __m512 b = o.bias ? _mm512_loadu_ps(o.bias) : _mm512_setzero_ps();
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(o.y + t * o.ystride, _mm512_add_ps(acc[t], b));
 }
 
 // kPacked: w is one group of Q4_0_R16 (core/dtype.h), whose record i holds
 // exactly what the GGUF-layout path gathers and transposes for block i (the
 // 16 scales, then wk[0..3]), so both paths compute every sum with the same
 // instructions from the same integers: bit-identical results.
-template <int NT, bool kPacked>
-void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+template <int NT, bool kPacked, class Out>
+void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, const Out& out) {
   constexpr size_t B = sizeof(BlockQ4_0);
   if constexpr (kPacked) nr = 16;
   const std::byte* row[16];
@@ -232,8 +247,8 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   const char* pf = reinterpret_cast<const char*>(w + 16 * ws);
   if (nb <= 0) {  // a 0-column weight: every sum is 0
-    for (int r = 0; r < nr; ++r)
-      for (int t = 0; t < NT; ++t) out[r * kMaxNT + t] = 0.f;
+    const __m512 zero[4] = {acc0, acc0, acc0, acc0};
+    store_tile<NT>(zero, out);
     return;
   }
   const size_t pf_step = (16 * ws / size_t(nb) + 63) & ~size_t(63);
@@ -299,17 +314,17 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     if constexpr (NT > 3) mac(x[3][i], acc3);
   }
   const __m512 acc[4] = {acc0, acc1, acc2, acc3};
-  store_lanes<NT>(acc, nr, out);
+  store_tile<NT>(acc, out);
 }
 
 void tile16_q4(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
                float* out) {
   static_assert(kMaxNT == 4, "with_1to4 covers the counts");
-  with_1to4(nt, [&](auto NT) { tile16_t<NT(), false>(w, ws, nr, xt, xs, nb, out); });
+  with_1to4(nt, [&](auto NT) { tile16_t<NT(), false>(w, ws, nr, xt, xs, nb, LanesOut{out, nr}); });
 }
-void tile16_q4_r16(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
-                   float* out) {
-  with_1to4(nt, [&](auto NT) { tile16_t<NT(), true>(w, ws, nr, xt, xs, nb, out); });
+void tile16_q4_r16(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, int nt, const float* bias, float* y,
+                   int64_t ystride) {
+  with_1to4(nt, [&](auto NT) { tile16_t<NT(), true>(w, 0, 16, xt, xs, nb, GroupOut{bias, y, ystride}); });
 }
 
 // ---------- Q8_0_R16: 16 rows in the 16 lanes ----------
@@ -324,7 +339,7 @@ void tile16_q4_r16(const std::byte* w, size_t ws, int nr, const std::byte* xt, s
 // (batch invariance); the 4 x 4 tile FMAs partial lane sums instead, so the
 // results differ from its in the last fp32 bits.
 template <int NT>
-void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, const GroupOut& out) {
   constexpr size_t kRec = 16 * sizeof(BlockQ8_0);
   const TilePair* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TilePair*>(xt + size_t(t) * xs);
@@ -354,11 +369,12 @@ void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb,
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][p].d[8 * h])), acc[t]);
     }
   }
-  store_lanes<NT>(acc, 16, out);
+  store_tile<NT>(acc, out);
 }
 
-void tile16_q8_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  with_1to4(nt, [&](auto NT) { tile16_q8_t<NT()>(w, xt, xs, nb, out); });
+void tile16_q8_r16(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, int nt, const float* bias, float* y,
+                   int64_t ystride) {
+  with_1to4(nt, [&](auto NT) { tile16_q8_t<NT()>(w, xt, xs, nb, GroupOut{bias, y, ystride}); });
 }
 
 // ---------- Q4_K_R16: 16 rows in the 16 lanes ----------
@@ -381,7 +397,7 @@ void tile16_q8_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t 
 // from the 4-row tile's in the last fp32 bits (that tile sums S's partial
 // lanes at the end of the row).
 template <int NT>
-void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, float* out) {
+void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, const GroupOut& out) {
   constexpr size_t kRec = 16 * sizeof(BlockQ4_K);
   const A256* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const A256*>(xt + size_t(t) * xs);
@@ -443,11 +459,12 @@ void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, f
       acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(x[t][i].d), acc[t]);
     }
   }
-  store_lanes<NT>(acc, 16, out);
+  store_tile<NT>(acc, out);
 }
 
-void tile16_q4k_r16(const std::byte* w, size_t, int, const std::byte* xt, size_t xs, int64_t nb, int nt, float* out) {
-  with_1to4(nt, [&](auto NT) { tile16k_t<NT()>(w, xt, xs, nb, out); });
+void tile16_q4k_r16(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, int nt, const float* bias, float* y,
+                    int64_t ystride) {
+  with_1to4(nt, [&](auto NT) { tile16k_t<NT()>(w, xt, xs, nb, GroupOut{bias, y, ystride}); });
 }
 
 // TileActs: each type in the layout of its tile.

@@ -139,6 +139,14 @@ using TileActs = void (*)(DType t, const std::byte* a32, int64_t nb, std::byte* 
 // neither on how many tokens nor on which rows share the tile.
 using TileDot = void (*)(const std::byte* w, size_t wstride, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
                          float* out);
+// The _R16 types' kernels: the 16 rows of one group (w: its first byte) times
+// nt <= kMaxNT tokens, stored straight into y: y[t * ystride + r] = W_row_r ·
+// x_t + bias[r] (bias may be null: + 0). Activations as the stored type's
+// TileDot takes them. Writing whole vectors of 16 rows per token spares the
+// [row][token] scratch and the scalar copy out of it, which cost as much as
+// the arithmetic at the 256-wide rows of small models.
+using GroupDot = void (*)(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, int nt, const float* bias,
+                          float* y, int64_t ystride);
 struct Kernels {
   ActQuant quantize_act;
   RowDot dot[8];  // by DType, Q8_0 first
@@ -148,11 +156,11 @@ struct Kernels {
   // row by row: it is bound by the weight stream, prefetched per row).
   uint8_t tile_rows[8] = {}, tile_rows1[8] = {};
   TileActs tile_acts = nullptr;
-  // The _R16 types (core/dtype.h), by their stored type's index: w is a
-  // group's first byte, nr 16, wstride unused; the activations are the stored
-  // type's (the tile layout for Q4_0, the A256 rows for Q4_K). Null where the
-  // level has none (run_rows then unpacks each group into stored rows).
-  TileDot tile_r16[8] = {};
+  // The _R16 types (core/dtype.h), by their stored type's index; the
+  // activations are the stored type's (the tile layout for Q4_0 and Q8_0,
+  // the A256 rows for Q4_K). Null where the level has none (run_rows then
+  // unpacks each group into stored rows).
+  GroupDot tile_r16[8] = {};
 };
 // The stored type whose activation blocks (and row kernels) a type uses:
 // an _R16 type is its stored type's blocks re-laid.

@@ -102,7 +102,7 @@ void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t
   const int ki = kernel_index(w.dtype);
   const int64_t in = w.cols(), nb = in / int64_t(block_elems(base));
   const size_t rb = storage_bytes(base, size_t(in)), gb = 16 * rb;
-  const TileDot tile = k.tile_r16[ki];
+  const GroupDot tile = k.tile_r16[ki];
   if (!tile) {
     std::vector<std::byte> rows16(gb);
     for (int64_t g = r0; g < r1; g += 16) {
@@ -119,16 +119,11 @@ void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t
   const bool tiled = k.tile[ki] != nullptr;
   const std::byte* xq = tiled ? qx.tiled(base) : qx.data(base);
   const size_t xs = tiled ? qx.tiled_stride(base) : qx.stride(base);
-  float out[kMaxTileRows * kMaxNT];  // [row][kMaxNT]
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
     const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
-    for (int64_t g = r0; g < r1; g += 16) {
-      tile(w.data + size_t(g) * rb, gb, 16, xq + size_t(t0) * xs, xs, nb, nt, out);
-      for (int r = 0; r < 16; ++r) {
-        const float bo = bias ? bias[g + r] : 0.f;
-        for (int j = 0; j < nt; ++j) y[(t0 + j) * y_stride + g + r] = out[r * kMaxNT + j] + bo;
-      }
-    }
+    for (int64_t g = r0; g < r1; g += 16)
+      tile(w.data + size_t(g) * rb, xq + size_t(t0) * xs, xs, nb, nt, bias ? bias + g : nullptr,
+           y + t0 * y_stride + g, y_stride);
   }
 }
 
