@@ -10,6 +10,11 @@
 #include "ops/ops.h"
 
 namespace ptllm {
+namespace {
+// Queries from which attend() transposes the keys (a prefill chunk): the
+// transposition costs about as much as one query's scores.
+constexpr int64_t kTransposedMinQueries = 16;
+}  // namespace
 
 StorageKVCache::StorageKVCache(const KVCacheShape& s, const CacheSpec& o) : KVCache(s), opt_(o) {
   o.check();  // the one validation of a spec: every cache is made here
@@ -159,6 +164,11 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
     runs.push_back({0, len, 0});
   }
   const int64_t nr = int64_t(runs.size());
+  // Positions rise with the slot (appends add later positions after earlier
+  // ones; eviction removes slots, never reorders): then each query's mask is
+  // a prefix (its window) and no per-slot test is needed.
+  bool increasing = true;
+  for (int64_t t = 1; t < len && increasing; ++t) increasing = kp[t] > kp[t - 1];
   std::vector<float> qcos(static_cast<size_t>(n * nr * half)), qsin(qcos.size());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t r = 0; r < nr; ++r) {
@@ -168,12 +178,29 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
     }
   if (keys_prerope_) ensure_slot_table(len);
 
+  // A prefill over keys stored rotated scores its queries against each KV
+  // head's keys transposed once, kt [KVH][hd, ld] (ops::dot_rows_transposed:
+  // lanes over keys, no horizontal sum per key, each key column loaded once
+  // for kMultiQueries queries). Chosen by the number of queries alone, and a
+  // prompt's chunks depend only on the prompt, so a request's results still
+  // do not depend on what else runs. ld leaves room for the kernel's whole
+  // 16-key blocks from any run's first slot.
+  // Only for keys read as fp32 rows (stored fp32, or staged); grouped KIVI
+  // keys keep their fused kernels.
+  const bool transposed = !keys_prerope_ && n >= kTransposedMinQueries && len > 0 &&
+                          (!ks.reads_in_place() || opt_.k_storage() == KVStorage::F32);
+  const int64_t ld = transposed ? (len + 15) / 16 * 16 + 16 : 0;
+  thread_local std::vector<float> kt_buf;
+  if (transposed) kt_buf.resize(size_t(KVH * hd * ld));
+  float* const kt_all = transposed ? kt_buf.data() : nullptr;
+
   // Phase 1, parallel over KV heads: stores that attention cannot read in
   // place (fp16/bf16, the simple KIVI scheme) are read back as fp32 into
-  // kbuf_/vbuf_, pre-RoPE keys rotated by slot. fp32 stores are read in place
-  // and grouped KIVI stores by the fused kernels (nothing is dequantised).
+  // kbuf_/vbuf_, pre-RoPE keys rotated by slot; a prefill transposes the
+  // keys. fp32 stores are otherwise read in place and grouped KIVI stores by
+  // the fused kernels (nothing is dequantised).
   const bool k_staged = !ks.reads_in_place(), v_staged = !vs.reads_in_place();
-  if (k_staged || v_staged) {
+  if (k_staged || v_staged || transposed) {
 #pragma omp parallel for schedule(static) if (KVH > 1 && KVH * len * hd >= ops::parallel_min_work())
     for (int64_t h = 0; h < KVH; ++h) {
       if (k_staged) {
@@ -183,6 +210,21 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
           for (int64_t t = 0; t < len; ++t) rope_.apply(kb + t * hd, 1, &cos_[size_t(t * half)], &sin_[size_t(t * half)]);
       }
       if (v_staged) vs.read(h, vbuf_.data() + h * s.capacity * hd);
+      if (transposed) {
+        thread_local std::vector<float> rows_buf;
+        const float* rows = kbuf_.data() + h * s.capacity * hd;
+        if (!k_staged) {
+          rows_buf.resize(size_t(len * hd));
+          ks.read(h, rows_buf.data());
+          rows = rows_buf.data();
+        }
+        float* kt = kt_all + h * hd * ld;
+        for (int64_t d = 0; d < hd; ++d) {
+          float* col = kt + d * ld;
+          for (int64_t t = 0; t < len; ++t) col[t] = rows[t * hd + d];
+          std::fill(col + len, col + ld, 0.f);
+        }
+      }
     }
   }
   const float* kcos = keys_prerope_ ? cos_.data() : nullptr;
@@ -204,8 +246,8 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
     // sums share each value row's loads (value_sum_multi: each query's sum
     // is its own, identical to value_sum's).
     constexpr int kQ = ops::kMultiQueries;
-    std::vector<float> qr(static_cast<size_t>(hd)),
-        scores(static_cast<size_t>(kQ * std::max<int64_t>(len, 1)));
+    const int64_t sstride = transposed ? ld : std::max<int64_t>(len, 1);
+    std::vector<float> qr(static_cast<size_t>(kQ * hd)), scores(static_cast<size_t>(kQ * sstride));
     const int64_t n_blocks = (n + kQ - 1) / kQ;
 #pragma omp for schedule(static, 1)
     for (int64_t bh = 0; bh < n_blocks * s.n_heads; ++bh) {
@@ -214,6 +256,30 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
       const HadamardRotation* rot = rotation(layer, kvh);
       const float* kstage = k_staged ? kbuf_.data() + kvh * s.capacity * hd : nullptr;
       const float* vstage = v_staged ? vbuf_.data() + kvh * s.capacity * hd : nullptr;
+      // Query i after its RoPE for run r (and M where keys are M R(pos) k).
+      const auto rotated_query = [&](int64_t i, int64_t r, float* dst) {
+        std::copy_n(q + i * qstride + h * hd, hd, dst);
+        rope_.apply(dst, 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
+        if (rot) rot->forward(dst);
+      };
+      if (transposed) {
+        // The block's queries together, per run, up to the last one's slots
+        // (columns past a query's own are never read: softmax stops at its
+        // len, value_sum_multi sees 0 there).
+        const int64_t li_max = first + i0 + m;
+        const float* qp[kQ];
+        float* sp[kQ];
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li_max);
+          if (b >= e) break;
+          for (int j = 0; j < m; ++j) {
+            rotated_query(i0 + j, r, qr.data() + j * hd);
+            qp[j] = qr.data() + j * hd;
+            sp[j] = scores.data() + j * sstride + b;
+          }
+          ops::dot_rows_transposed(qp, m, kt_all + kvh * hd * ld + b, ld, e - b, hd, scale, sp);
+        }
+      }
       float* ps[kQ];
       int64_t lens[kQ];
       float* outs[kQ];
@@ -221,25 +287,31 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
       for (int j = 0; j < m; ++j) {
         const int64_t i = i0 + j;
         float* o = out + i * qstride + h * hd;
-        float* sc = scores.data() + j * len;
+        float* sc = scores.data() + j * sstride;
         // Causal by slot: query i sees slots 0..first+i.
         const int64_t li = first + i + 1, q_pos = kp[first + i];
-        for (int64_t r = 0; r < nr; ++r) {
-          const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li);
-          if (b >= e) break;
-          std::copy_n(q + i * qstride + h * hd, hd, qr.data());
-          rope_.apply(qr.data(), 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
-          // Keys are M R(pos) k: the query after its RoPE is turned by the same M.
-          if (rot) rot->forward(qr.data());
-          ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, sc);
-        }
+        if (!transposed)
+          for (int64_t r = 0; r < nr; ++r) {
+            const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li);
+            if (b >= e) break;
+            rotated_query(i, r, qr.data());
+            ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, sc);
+          }
         bool any = false;
-        for (int64_t t = 0; t < li; ++t) {
-          const int64_t p = kp[t];
-          if (p <= q_pos && (window <= 0 || p > q_pos - window))
-            any = true;
-          else
-            sc[t] = -INFINITY;
+        if (increasing) {
+          // Slots up to the query's own hold positions <= q_pos; the window
+          // hides a prefix of them.
+          const int64_t lo = window > 0 ? int64_t(std::upper_bound(kp, kp + li, q_pos - window) - kp) : 0;
+          std::fill(sc, sc + lo, -INFINITY);
+          any = lo < li;
+        } else {
+          for (int64_t t = 0; t < li; ++t) {
+            const int64_t p = kp[t];
+            if (p <= q_pos && (window <= 0 || p > q_pos - window))
+              any = true;
+            else
+              sc[t] = -INFINITY;
+          }
         }
         if (!any) {
           std::fill(o, o + hd, 0.f);

@@ -2,6 +2,7 @@
 // stored rotated, or pre-RoPE keys turned by a per-slot cos/sin table) and the
 // softmax-weighted sum of value rows. Scalar references; AVX2 / AVX-512
 // variants for the head_dims models use (others take the reference).
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -43,7 +44,18 @@ void rot_rows_scalar(const float* q, const float* k, int64_t n, int64_t hd, cons
   }
 }
 
+void dot_t_scalar(const float* const* q, int m, const float* kt, int64_t ld, int64_t len, int64_t hd, float scale,
+                  float* const* scores) {
+  for (int j = 0; j < m; ++j)
+    for (int64_t t = 0; t < len; ++t) {
+      float acc = q[j][0] * kt[t];
+      for (int64_t d = 1; d < hd; ++d) acc = std::fma(q[j][d], kt[d * ld + t], acc);
+      scores[j][t] = acc * scale;
+    }
+}
+
 using DotRowsFn = void (*)(const float*, const float*, int64_t, float, float*);
+using DotTransposedFn = void (*)(const float* const*, int, const float*, int64_t, int64_t, int64_t, float, float* const*);
 using WeightedSumFn = void (*)(const float*, const float*, int64_t, float*);
 using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, const float*, float, float*);
 using WeightedSumMultiFn = void (*)(const float* const*, int, const float*, int64_t, float* const*);
@@ -167,9 +179,64 @@ void weighted_sum_multi_avx512_m(const float* const* p, int m, const float* v, i
   }
 }
 
+// M queries x 16 keys per step, lanes over keys: per d one load of the key
+// column and M FMAs with the query's element broadcast (the reference's
+// order per lane).
+template <int M>
+void dot_t_avx512_m(const float* const* q, const float* kt, int64_t ld, int64_t len, int64_t hd, float scale,
+                    float* const* scores) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t t = 0; t < len; t += 16) {
+    __m512 acc[M];
+    const __m512 k0 = _mm512_loadu_ps(kt + t);
+    for (int j = 0; j < M; ++j) acc[j] = _mm512_mul_ps(_mm512_set1_ps(q[j][0]), k0);
+    for (int64_t d = 1; d < hd; ++d) {
+      const __m512 kd = _mm512_loadu_ps(kt + d * ld + t);
+#pragma GCC unroll 4
+      for (int j = 0; j < M; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j][d]), kd, acc[j]);
+    }
+    for (int j = 0; j < M; ++j) _mm512_storeu_ps(scores[j] + t, _mm512_mul_ps(acc[j], sc));
+  }
+}
+void dot_t_avx512(const float* const* q, int m, const float* kt, int64_t ld, int64_t len, int64_t hd, float scale,
+                  float* const* scores) {
+  static_assert(kMultiQueries == 4, "the instantiations below");
+  switch (m) {
+    case 1: return dot_t_avx512_m<1>(q, kt, ld, len, hd, scale, scores);
+    case 2: return dot_t_avx512_m<2>(q, kt, ld, len, hd, scale, scores);
+    case 3: return dot_t_avx512_m<3>(q, kt, ld, len, hd, scale, scores);
+    default: return dot_t_avx512_m<4>(q, kt, ld, len, hd, scale, scores);
+  }
+}
+
 #pragma GCC pop_options
 
 // ---------- AVX2: dot_rows, weighted_sum_rows ----------
+// dot_rows_transposed: 8 keys per step (two per 16-key block).
+template <int M>
+__attribute__((target("avx2,fma"))) void dot_t_avx2_m(const float* const* q, const float* kt, int64_t ld, int64_t len,
+                                                     int64_t hd, float scale, float* const* scores) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t t = 0; t < len; t += 8) {
+    __m256 acc[M];
+    const __m256 k0 = _mm256_loadu_ps(kt + t);
+    for (int j = 0; j < M; ++j) acc[j] = _mm256_mul_ps(_mm256_set1_ps(q[j][0]), k0);
+    for (int64_t d = 1; d < hd; ++d) {
+      const __m256 kd = _mm256_loadu_ps(kt + d * ld + t);
+      for (int j = 0; j < M; ++j) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[j][d]), kd, acc[j]);
+    }
+    for (int j = 0; j < M; ++j) _mm256_storeu_ps(scores[j] + t, _mm256_mul_ps(acc[j], sc));
+  }
+}
+void dot_t_avx2(const float* const* q, int m, const float* kt, int64_t ld, int64_t len, int64_t hd, float scale,
+                float* const* scores) {
+  switch (m) {
+    case 1: return dot_t_avx2_m<1>(q, kt, ld, len, hd, scale, scores);
+    case 2: return dot_t_avx2_m<2>(q, kt, ld, len, hd, scale, scores);
+    case 3: return dot_t_avx2_m<3>(q, kt, ld, len, hd, scale, scores);
+    default: return dot_t_avx2_m<4>(q, kt, ld, len, hd, scale, scores);
+  }
+}
 // Each key's score is its own FMA chain over hd / 8 lanes and one horizontal
 // sum (4 keys interleaved for throughput), so it does not depend on the run
 // it is in, as with the AVX-512 kernel.
@@ -321,7 +388,11 @@ RotRowsFn rot_rows_avx2_for(int64_t half) {
     default: return nullptr;
   }
 }
+DotTransposedFn dot_t_avx512_fn() { return dot_t_avx512; }
+DotTransposedFn dot_t_avx2_fn() { return dot_t_avx2; }
 #else
+DotTransposedFn dot_t_avx512_fn() { return nullptr; }
+DotTransposedFn dot_t_avx2_fn() { return nullptr; }
 DotRowsFn dot_rows_avx2_for(int64_t) { return nullptr; }
 WeightedSumFn weighted_sum_avx2_for(int64_t) { return nullptr; }
 DotRowsFn dot_rows_avx512_for(int64_t) { return nullptr; }
@@ -351,6 +422,18 @@ void weighted_sum_rows_multi(const float* const* p, int m, const float* v, int64
     if (const WeightedSumMultiFn f = pick<WeightedSumMultiFn>(nullptr, nullptr, weighted_sum_multi_avx512_for(hd)))
       return f(p, m, v, len, out);
   for (int j = 0; j < m; ++j) weighted_sum_rows(p[j], v, len, hd, out[j]);
+}
+
+void dot_rows_transposed(const float* const* q, int m, const float* kt, int64_t ld, int64_t len, int64_t hd,
+                         float scale, float* const* scores) {
+  if (m < 1 || m > kMultiQueries) fail("dot_rows_transposed: {} queries, expected 1..{}", m, kMultiQueries);
+  if (hd < 1 || ld < (len + 15) / 16 * 16)
+    fail("dot_rows_transposed: head_dim {} and key stride {} for {} keys (expected >= 1 and >= {})", hd, ld, len,
+         (len + 15) / 16 * 16);
+  if (len <= 0) return;
+  if (const DotTransposedFn f = pick<DotTransposedFn>(nullptr, dot_t_avx2_fn(), dot_t_avx512_fn()))
+    return f(q, m, kt, ld, len, hd, scale, scores);
+  dot_t_scalar(q, m, kt, ld, len, hd, scale, scores);
 }
 
 void dot_rows_rotated(const float* q, const float* k, int64_t n, int64_t hd, const float* kcos, const float* ksin,

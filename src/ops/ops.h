@@ -97,6 +97,16 @@ void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, 
 // query's sum is one chain of 2 FMAs per key, bound by the FMA latency.
 constexpr int kMultiQueries = 4;
 void weighted_sum_rows_multi(const float* const* p, int m, const float* v, int64_t len, int64_t hd, float* const* out);
+// Several queries against keys laid out transposed, for prefill: kt [hd, ld]
+// (key t is column t), scores[j][t] = scale * sum_d q[j][d] kt[d][t] for
+// j < m <= kMultiQueries and t < len, summed in d order (a product, then an
+// FMA per d), so every level gives the scalar reference's bits. Lanes run
+// over keys: no horizontal sums, and each key column is loaded once for the
+// m queries. The kernels write whole blocks of 16 keys: scores[j] and the
+// columns of kt need room up to round_up(len, 16) (the padding's scores are
+// for no key).
+void dot_rows_transposed(const float* const* q, int m, const float* kt, int64_t ld, int64_t len, int64_t hd,
+                         float scale, float* const* scores);
 // Pre-RoPE keys: scores[t] = scale * q · R(t) k[t, :], where R(t) rotates the
 // rotate-half pairs (i, i + hd/2) by kcos/ksin row t ([n, hd/2] each, starting
 // at the same slot as k). The key is never rotated in memory.

@@ -347,6 +347,68 @@ TEST(Attention, DotRowsAndWeightedSumMatchScalar) {
   }
 }
 
+// Scores against transposed keys (prefill): every level gives the scalar
+// reference's bits (each lane sums in d order: a product, then an FMA per d),
+// from any first column of kt (a run that starts mid-block), for 1..4
+// queries; and they agree with dot_rows on the same keys within 1e-5 of the
+// sum of |terms| (another summation order). A query count outside 1..4 is a
+// one-line error.
+TEST(Attention, DotRowsTransposedIsTheReferenceAtEveryLevel) {
+  SimdGuard g;
+  for (int hd : {8, 24, 32, 64, 128})
+    for (int len : {1, 5, 16, 17, 40, 300})
+      for (int b : {0, 3}) {
+        const int64_t ld = (len + b + 15) / 16 * 16 + 16;
+        auto k = randn(size_t(len * hd), 81);  // [len, hd] rows
+        std::vector<float> kt(size_t(hd * ld), 0.f);
+        for (int t = 0; t < len; ++t)
+          for (int d = 0; d < hd; ++d) kt[size_t(d * ld + b + t)] = k[size_t(t * hd + d)];
+        for (int m = 1; m <= ops::kMultiQueries; ++m) {
+          std::vector<std::vector<float>> q, ref;
+          const float* qp[ops::kMultiQueries];
+          float* sp[ops::kMultiQueries];
+          for (int j = 0; j < m; ++j) {
+            q.push_back(randn(size_t(hd), 90 + uint64_t(j)));
+            ref.emplace_back(size_t(ld), 0.f);
+            qp[j] = q.back().data();
+            sp[j] = ref.back().data();
+          }
+          ops::set_simd_level(ops::SimdLevel::Scalar);
+          ops::dot_rows_transposed(qp, m, kt.data() + b, ld, len, hd, 0.25f, sp);
+          for (ops::SimdLevel lv : ops::available_simd_levels()) {
+            SCOPED_TRACE(fmt::format("{} hd={} len={} first={} m={}", ops::simd_level_name(lv), hd, len, b, m));
+            ops::set_simd_level(lv);
+            std::vector<std::vector<float>> got(size_t(m), std::vector<float>(size_t(ld), 0.f));
+            for (int j = 0; j < m; ++j) sp[j] = got[size_t(j)].data();
+            ops::dot_rows_transposed(qp, m, kt.data() + b, ld, len, hd, 0.25f, sp);
+            for (int j = 0; j < m; ++j) {
+              EXPECT_EQ(std::memcmp(got[size_t(j)].data(), ref[size_t(j)].data(), size_t(len) * sizeof(float)), 0)
+                  << "query " << j;
+              std::vector<float> one(static_cast<size_t>(len));
+              ops::dot_rows(qp[j], k.data(), len, hd, 0.25f, one.data());
+              for (int t = 0; t < len; ++t) {
+                double mag = 0;
+                for (int d = 0; d < hd; ++d) mag += std::fabs(double(qp[j][d]) * k[size_t(t * hd + d)]) * 0.25;
+                ASSERT_NEAR(got[size_t(j)][size_t(t)], one[size_t(t)], 1e-5 * mag) << "query " << j << " t=" << t;
+              }
+            }
+          }
+        }
+      }
+  for (int m : {0, ops::kMultiQueries + 1}) {
+    float x = 0;
+    const float* qp[8] = {&x, &x, &x, &x, &x, &x, &x, &x};
+    float* sp[8] = {&x, &x, &x, &x, &x, &x, &x, &x};
+    try {
+      ops::dot_rows_transposed(qp, m, &x, 16, 1, 1, 1.f, sp);
+      ADD_FAILURE() << "no error for " << m << " queries";
+    } catch (const std::exception& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("queries"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // RMSNorm at every level against the scalar reference, rows of sizes with and
 // without a SIMD tail, fp32 and bf16 weights. The sum of squares is in double
 // at every level (only its addition order differs), so 2e-7 relative (about
