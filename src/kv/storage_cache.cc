@@ -105,6 +105,8 @@ void StorageKVCache::append(int64_t layer, const float* k, const float* v, int64
     // Keys keep the rotation of their original position (then, rotate
     // hadamard, M per head: k' = M R(pos) k).
     std::vector<float> rk(k, k + n * row);
+    // A prefill's rows in parallel (each row's rotation is its own).
+#pragma omp parallel for schedule(static) if (n > 1 && n * row >= ops::parallel_min_work())
     for (int64_t t = 0; t < n; ++t) rope_.apply(rk.data() + t * row, s.n_kv_heads, double(position_ + t));
     if (!rot_.empty())
       for (int64_t t = 0; t < n; ++t)

@@ -225,7 +225,11 @@ void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, in
   w.resize(static_cast<size_t>(dim));
   to_f32(weight.data, weight.dtype, w.data(), dim);
   const auto row = pick(rmsnorm_row_scalar, nullptr, nullptr, PTLLM_NEON_FN(neon::rmsnorm_row));
-  for (int64_t t = 0; t < n; ++t) row(x + t * dim, w.data(), eps, dim, out + t * dim);
+  // Rows are independent (each is the one-row result): a prefill's rows are
+  // split among the threads, which would otherwise wait for this one.
+  const float* wp = w.data();
+#pragma omp parallel for schedule(static) if (n > 1 && n * dim >= parallel_min_work())
+  for (int64_t t = 0; t < n; ++t) row(x + t * dim, wp, eps, dim, out + t * dim);
 }
 
 void silu_mul(float* gate, const float* up, int64_t n) {

@@ -231,19 +231,21 @@ inline void store_tile(const __m512* acc, const GroupOut& o) {
 template <int NT, bool kPacked, class Out>
 void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t xs, int64_t nb, const Out& out) {
   constexpr size_t B = sizeof(BlockQ4_0);
-  if constexpr (kPacked) nr = 16;
-  const std::byte* row[16];
-  for (int r = 0; r < 16; ++r) row[r] = w + size_t(r < nr ? r : 0) * ws;
   const TileBlock* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TileBlock*>(xt + size_t(t) * xs);
-  // Byte offsets of the 16 rows, for the scale gather.
+  // The file layout's 16 row pointers and their byte offsets (for the scale
+  // gather); a packed group needs neither, and at 256-wide rows (8 blocks
+  // a call) the set-up is not small next to the loop.
+  const std::byte* row[16] = {};
   __m512i roff = _mm512_setzero_si512();
-  {
+  bool gather_ok = true;
+  if constexpr (!kPacked) {
+    for (int r = 0; r < 16; ++r) row[r] = w + size_t(r < nr ? r : 0) * ws;
     alignas(64) int32_t o[16];
     for (int r = 0; r < 16; ++r) o[r] = int32_t(row[r] - row[0]);
     roff = _mm512_load_si512(o);
+    gather_ok = size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
   }
-  const bool gather_ok = kPacked || size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   const char* pf = reinterpret_cast<const char*>(w + 16 * ws);
   if (nb <= 0) {  // a 0-column weight: every sum is 0
@@ -251,7 +253,7 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     store_tile<NT>(zero, out);
     return;
   }
-  const size_t pf_step = (16 * ws / size_t(nb) + 63) & ~size_t(63);
+  const size_t pf_step = kPacked ? 0 : (16 * ws / size_t(nb) + 63) & ~size_t(63);
   for (int64_t i = 0; i < nb; ++i) {
     const size_t bo = size_t(i) * B;
     if constexpr (kPacked) {

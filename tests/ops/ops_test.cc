@@ -275,34 +275,35 @@ TEST(Attention, WeightedSumMultiEqualsSingleSumsBitForBit) {
     ops::set_simd_level(lv);
     for (int hd : {8, 16, 32, 64, 128})
       for (int len : {1, 5, 17, 300})
-        for (int m = 1; m <= ops::kMultiQueries; ++m) {
-          SCOPED_TRACE(fmt::format("{} hd={} len={} m={}", ops::simd_level_name(lv), hd, len, m));
-          auto v = randn(size_t(len * hd), 51);
-          std::vector<std::vector<float>> p, o_one, o_multi;
-          for (int j = 0; j < m; ++j) {
-            p.push_back(randn(size_t(len), 60 + uint64_t(j)));
-            for (int t = j % 3; t < len; t += 3 + j) p.back()[size_t(t)] = 0.f;
-            o_one.push_back(randn(size_t(hd), 70 + uint64_t(j)));
-            o_multi.push_back(o_one.back());
+        for (int m = 1; m <= ops::kMultiQueries; ++m)
+          for (bool dense : {false, true}) {  // dense: 0s only in the first 16 keys (blocks without a mask)
+            SCOPED_TRACE(fmt::format("{} hd={} len={} m={} dense={}", ops::simd_level_name(lv), hd, len, m, dense));
+            auto v = randn(size_t(len * hd), 51);
+            std::vector<std::vector<float>> p, o_one, o_multi;
+            for (int j = 0; j < m; ++j) {
+              p.push_back(randn(size_t(len), 60 + uint64_t(j)));
+              for (int t = j % 3; t < (dense ? std::min(len, 16) : len); t += 3 + j) p.back()[size_t(t)] = 0.f;
+              o_one.push_back(randn(size_t(hd), 70 + uint64_t(j)));
+              o_multi.push_back(o_one.back());
+            }
+            if (len > 4) {  // row 4: +inf, met only with p == 0 (skipped by every query)
+              v[size_t(4 * hd)] = INFINITY;
+              for (int j = 0; j < m; ++j) p[size_t(j)][4] = 0.f;
+            }
+            const float* pp[ops::kMultiQueries];
+            float* oo[ops::kMultiQueries];
+            for (int j = 0; j < m; ++j) {
+              ops::weighted_sum_rows(p[size_t(j)].data(), v.data(), len, hd, o_one[size_t(j)].data());
+              pp[j] = p[size_t(j)].data();
+              oo[j] = o_multi[size_t(j)].data();
+            }
+            ops::weighted_sum_rows_multi(pp, m, v.data(), len, hd, oo);
+            for (int j = 0; j < m; ++j) {
+              EXPECT_EQ(std::memcmp(o_one[size_t(j)].data(), o_multi[size_t(j)].data(), size_t(hd) * sizeof(float)), 0)
+                  << "query " << j;
+              for (float x : o_multi[size_t(j)]) ASSERT_TRUE(std::isfinite(x));
+            }
           }
-          if (len > 4) {  // row 4: +inf, met only with p == 0 (skipped by every query)
-            v[size_t(4 * hd)] = INFINITY;
-            for (int j = 0; j < m; ++j) p[size_t(j)][4] = 0.f;
-          }
-          const float* pp[ops::kMultiQueries];
-          float* oo[ops::kMultiQueries];
-          for (int j = 0; j < m; ++j) {
-            ops::weighted_sum_rows(p[size_t(j)].data(), v.data(), len, hd, o_one[size_t(j)].data());
-            pp[j] = p[size_t(j)].data();
-            oo[j] = o_multi[size_t(j)].data();
-          }
-          ops::weighted_sum_rows_multi(pp, m, v.data(), len, hd, oo);
-          for (int j = 0; j < m; ++j) {
-            EXPECT_EQ(std::memcmp(o_one[size_t(j)].data(), o_multi[size_t(j)].data(), size_t(hd) * sizeof(float)), 0)
-                << "query " << j;
-            for (float x : o_multi[size_t(j)]) ASSERT_TRUE(std::isfinite(x));
-          }
-        }
   }
 }
 
