@@ -196,6 +196,26 @@ void softmax_avx512(float* x, int64_t n) {
   }
 }
 
+// RMSNorm of one row: the sum of squares in double (two chains of 8), the
+// scale as the reference computes it, then (x * inv) * w per element.
+void rmsnorm_row_avx512(const float* xr, const float* w, double eps, int64_t dim, float* o) {
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __m512 x = _mm512_maskz_loadu_ps(tail_mask(dim - i), xr + i);
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    s0 = _mm512_fmadd_pd(lo, lo, s0);
+    s1 = _mm512_fmadd_pd(hi, hi, s1);
+  }
+  const double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  const __m512 inv = _mm512_set1_ps(float(1.0 / std::sqrt(ss / double(dim) + eps)));
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __mmask16 k = tail_mask(dim - i);
+    _mm512_mask_storeu_ps(o + i, k,
+                          _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, xr + i), inv), _mm512_maskz_loadu_ps(k, w + i)));
+  }
+}
+
 void axpy_avx512(float a, const float* x, float* y, int64_t n) {
   const __m512 av = _mm512_set1_ps(a);
   for (int64_t i = 0; i < n; i += 16) {
@@ -224,7 +244,8 @@ void rmsnorm(const float* x, const TensorView& weight, double eps, int64_t n, in
   thread_local std::vector<float> w;
   w.resize(static_cast<size_t>(dim));
   to_f32(weight.data, weight.dtype, w.data(), dim);
-  const auto row = pick(rmsnorm_row_scalar, nullptr, nullptr, PTLLM_NEON_FN(neon::rmsnorm_row));
+  const auto row =
+      pick(rmsnorm_row_scalar, nullptr, PTLLM_X86_FN(rmsnorm_row_avx512), PTLLM_NEON_FN(neon::rmsnorm_row));
   // Rows are independent (each is the one-row result): a prefill's rows are
   // split among the threads, which would otherwise wait for this one.
   const float* wp = w.data();

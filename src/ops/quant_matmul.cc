@@ -6,9 +6,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
+#include "core/uninit_vector.h"
 #include "ops/quant.h"
 #include "ops/quant_impl.h"
 
@@ -40,44 +42,72 @@ void check_weight(const char* what, const TensorView& w, int64_t in) {
 // x [n_tokens, in] quantised for the weight types of one call: A32 rows for
 // the 32-element types and A256 rows for the K types, made on first use, and
 // for the types the level tiles, the tiles' layout of the A32 rows.
+// The buffers are the calling thread's, reused from call to call: a
+// prefill's products would otherwise each allocate, zero and fault in a few
+// hundred KiB (on this project's VM a first touch costs ~15 us a page). A
+// QuantX made while another on the same thread holds them gets its own.
 class QuantX {
+  struct Buffers {
+    uninit_vector<std::byte> a32, a256, tiled[8];
+    bool busy = false;
+  };
+
  public:
-  QuantX(const float* x, int64_t n_tokens, int64_t in) : x_(x), n_(n_tokens), in_(in) {}
+  QuantX(const float* x, int64_t n_tokens, int64_t in) : x_(x), n_(n_tokens), in_(in) {
+    thread_local Buffers mine;
+    if (!mine.busy) {
+      b_ = &mine;
+    } else {
+      own_ = std::make_unique<Buffers>();
+      b_ = own_.get();
+    }
+    b_->busy = true;
+  }
+  ~QuantX() { b_->busy = false; }
+  QuantX(const QuantX&) = delete;
+  QuantX& operator=(const QuantX&) = delete;
+
+  // Quantises (and re-lays for the tile) each row in one parallel pass.
   void prepare(DType t) {
     t = kernel_type(t);
     const bool k = uses_a256(t);
-    std::vector<std::byte>& buf = k ? a256_ : a32_;
+    const int ki = kernel_index(t);
     const Kernels& kn = kernels();
-    if (buf.empty()) {
-      const size_t stride = act_row_bytes(t, in_);
-      buf.resize(stride * size_t(n_));
-      const ActQuant quant = kn.quantize_act;
+    bool& have = k ? have_a256_ : have_a32_;
+    const bool quantise = !have, tile = kn.tile[ki] && relaid(t) && !have_tiled_[ki];
+    if (!quantise && !tile) return;
+    uninit_vector<std::byte>& buf = k ? b_->a256 : b_->a32;
+    const size_t stride = act_row_bytes(t, in_);
+    if (quantise) buf.resize(std::max(buf.size(), stride * size_t(n_)));
+    const int64_t nb = in_ / 32;
+    const size_t tstride = tile_row_bytes(nb);
+    uninit_vector<std::byte>& tb = b_->tiled[ki];
+    if (tile) tb.resize(std::max(tb.size(), tstride * size_t(n_)));
+    const ActQuant quant = kn.quantize_act;
 #pragma omp parallel for schedule(static) if (n_ * in_ >= kParallelWork)
-      for (int64_t r = 0; r < n_; ++r) quant(t, x_ + r * in_, in_, buf.data() + size_t(r) * stride);
+    for (int64_t r = 0; r < n_; ++r) {
+      std::byte* row = buf.data() + size_t(r) * stride;
+      if (quantise) quant(t, x_ + r * in_, in_, row);
+      if (tile) kn.tile_acts(t, row, nb, tb.data() + size_t(r) * tstride);
     }
-    std::vector<std::byte>& tb = tiled_[size_t(kernel_index(t))];
-    if (kn.tile[kernel_index(t)] && relaid(t) && tb.empty()) {
-      const int64_t nb = in_ / 32;
-      const size_t stride = tile_row_bytes(nb), src = act_row_bytes(t, in_);
-      tb.resize(stride * size_t(n_));
-#pragma omp parallel for schedule(static) if (n_ * in_ >= kParallelWork)
-      for (int64_t r = 0; r < n_; ++r) kn.tile_acts(t, buf.data() + size_t(r) * src, nb, tb.data() + size_t(r) * stride);
-    }
+    have = true;
+    if (tile) have_tiled_[ki] = true;
   }
-  const std::byte* data(DType t) const { return uses_a256(t) ? a256_.data() : a32_.data(); }
+  const std::byte* data(DType t) const { return uses_a256(t) ? b_->a256.data() : b_->a32.data(); }
   size_t stride(DType t) const { return act_row_bytes(t, in_); }
   // The tiles of the 32-element types take their rows re-laid (TileActs);
   // the K types' tiles read the A256 rows as they are.
   static bool relaid(DType t) { return !uses_a256(t); }
   // Callers pass the stored type (kernel_type) for an _R16 weight.
-  const std::byte* tiled(DType t) const { return relaid(t) ? tiled_[size_t(kernel_index(t))].data() : data(t); }
+  const std::byte* tiled(DType t) const { return relaid(t) ? b_->tiled[size_t(kernel_index(t))].data() : data(t); }
   size_t tiled_stride(DType t) const { return relaid(t) ? tile_row_bytes(in_ / 32) : stride(t); }
 
  private:
   const float* x_;
   int64_t n_, in_;
-  std::vector<std::byte> a32_, a256_;
-  std::vector<std::byte> tiled_[8];
+  Buffers* b_ = nullptr;
+  std::unique_ptr<Buffers> own_;
+  bool have_a32_ = false, have_a256_ = false, have_tiled_[8] = {};
 };
 
 // y[t, o] for o in [r0, r1), every token. y rows are y_stride floats apart.
