@@ -11,6 +11,7 @@
 // 32 tokens) one step in 32 took 3-4x the others.
 #pragma once
 #include <cstddef>
+#include <memory>
 
 namespace ptllm {
 
@@ -21,5 +22,22 @@ namespace ptllm {
 // only partly inside the range are left alone (they may belong to other
 // allocations).
 void populate_pages(void* p, size_t bytes);
+
+// x86-64's transparent huge page.
+constexpr size_t kHugePage = size_t(2) << 20;
+// Anonymous read-write memory of `bytes` rounded up to whole huge pages,
+// starting on one, advised for transparent huge pages (this project's VM
+// runs THP in "madvise" mode: memory gets them only when asked). Weights
+// read per token want them (fewer TLB misses; docs/BENCHMARKS.md, session
+// 12). len: what was mapped, for unmap_huge. Throws, naming `what`, when
+// the memory cannot be had.
+struct HugeRegion {
+  std::byte* p = nullptr;
+  size_t len = 0;
+};
+HugeRegion map_huge(size_t bytes, const char* what);
+void unmap_huge(const HugeRegion& r);
+// The same owned by a shared_ptr (freed by unmap_huge).
+std::shared_ptr<std::byte[]> huge_buffer(size_t bytes, const char* what);
 
 }  // namespace ptllm

@@ -36,7 +36,6 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   // norms are views of them): mapped, those pages stay reclaimable; read
   // into anonymous memory they would be pinned. So --weights maps.
   const FileLoad how = opt.weights ? FileLoad::Map : opt.file_load;
-  const bool relay = opt.relay_weights;
   LoadedModel lm;
   if (is_directory(path)) {
     lm.model = Model::load_hf(path, how);
@@ -48,13 +47,13 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
     if (!tok_json.empty()) lm.tokenizer = std::make_shared<Tokenizer>(Tokenizer::from_json(tok_json));
   } else if (path.size() > 5 && path.ends_with(".gguf")) {
     std::shared_ptr<const GgufFile> gguf;
-    lm.model = load_gguf_model(path, &gguf, how, relay && !opt.weights);
+    lm.model = load_gguf_model(path, &gguf, how, opt.relay_weights && !opt.weights);
     lm.add_bos = gguf->find_bool("tokenizer.ggml.add_bos_token").value_or(true);
     if (gguf->has("tokenizer.ggml.model")) lm.tokenizer = std::make_shared<Tokenizer>(tokenizer_from_gguf(*gguf));
   } else {
     fail("{}: expected a model folder (config.json + safetensors), a .tinygpt or a .gguf file", path);
   }
-  if (opt.weights) lm.model = Model::with_weight_type(std::move(lm.model), *opt.weights, relay);
+  if (opt.weights) lm.model = Model::with_weight_type(std::move(lm.model), *opt.weights, opt.relay_weights);
   const auto& c = lm.model->config();
   lm.eos_ids = c.eos_ids;
   lm.bos_id = c.bos_id;

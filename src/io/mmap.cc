@@ -13,11 +13,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace ptllm {
-namespace {
-constexpr size_t kHuge = size_t(2) << 20;  // x86-64's transparent huge page
-}  // namespace
 
 MappedFile::MappedFile(const std::string& path, FileLoad how) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -67,17 +65,9 @@ void MappedFile::map(int fd) {
 void MappedFile::read(int fd) {
   // The start is aligned to a huge page (the over-allocation's ends are
   // unmapped again) so every whole 2 MiB of the file can sit in one.
-  const size_t len = (size_ + kHuge - 1) / kHuge * kHuge;
-  void* raw = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) fail("{}: cannot allocate {} bytes to read it into ({})", path_, len, std::strerror(errno));
-  auto* base = static_cast<std::byte*>(raw);
-  const size_t lead = (kHuge - reinterpret_cast<uintptr_t>(base) % kHuge) % kHuge;
-  if (lead) ::munmap(base, lead);
-  if (kHuge - lead) ::munmap(base + lead + len, kHuge - lead);
-  std::byte* p = base + lead;
-#if defined(MADV_HUGEPAGE)
-  ::madvise(p, len, MADV_HUGEPAGE);  // a hint: without THP the read still works
-#endif
+  const HugeRegion region = map_huge(size_, path_.c_str());
+  const size_t len = region.len;
+  std::byte* p = region.p;
   size_t done = 0;
   while (done < size_) {
     const ssize_t r = ::pread(fd, p + done, std::min<size_t>(size_ - done, size_t(1) << 30), off_t(done));
@@ -101,8 +91,8 @@ bool MappedFile::rewrite(const std::byte* p, size_t n, const std::function<void(
   if (!read_ || !data_ || at < base_at || n > size_ || at - base_at > size_ - n) return false;
   // Whole huge pages (the mapping starts on one, read()): a protection
   // change that splits one at a tensor's edge would leave it in 4 KiB pages.
-  const size_t off = size_t(p - data_), first = off / kHuge * kHuge;
-  const size_t last = std::min(mapped_, (off + n + kHuge - 1) / kHuge * kHuge);
+  const size_t off = size_t(p - data_), first = off / kHugePage * kHugePage;
+  const size_t last = std::min(mapped_, (off + n + kHugePage - 1) / kHugePage * kHugePage);
   auto* base = const_cast<std::byte*>(data_);
   if (::mprotect(base + first, last - first, PROT_READ | PROT_WRITE) != 0)
     fail("{}: cannot make bytes {}..{} writable ({})", path_, off, off + n, std::strerror(errno));

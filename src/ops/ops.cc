@@ -312,23 +312,20 @@ void row_to_f32(const TensorView& w, int64_t r, float* dst) {
     to_f32(w.data + storage_bytes(w.dtype, size_t(r) * size_t(cols)), w.dtype, dst, cols);
     return;
   }
-  // The row's group in the stored layout, then its row.
+  // The row's blocks out of its group, then dequantised (a row of the 1B
+  // shape's embedding is 2 KiB of Q4_0: a per-thread scratch, no allocation
+  // per looked-up token).
   const DType base = rows16_base(w.dtype);
   const size_t rb = storage_bytes(base, size_t(cols));
-  std::vector<std::byte> grp(16 * rb);
-  unpack_rows16(w.dtype, w.data + size_t(r / 16) * 16 * rb, cols, grp.data());
-  dequantize_row(base, grp.data() + size_t(r % 16) * rb, dst, cols);
+  thread_local std::vector<std::byte> row;
+  row.resize(rb);
+  unpack_row16(w.dtype, w.data + size_t(r / 16) * 16 * rb, cols, int(r % 16), row.data());
+  dequantize_row(base, row.data(), dst, cols);
 }
 
 void tensor_to_f32(const TensorView& w, float* dst) {
   if (row_group(w.dtype) == 1) return to_f32(w.data, w.dtype, dst, w.numel());
-  const DType base = rows16_base(w.dtype);
-  const size_t rb = storage_bytes(base, size_t(w.cols()));
-  std::vector<std::byte> grp(16 * rb);
-  for (int64_t r = 0; r < w.rows(); r += 16) {
-    unpack_rows16(w.dtype, w.data + size_t(r) * rb, w.cols(), grp.data());
-    dequantize_row(base, grp.data(), dst + r * w.cols(), 16 * w.cols());
-  }
+  for (int64_t r = 0; r < w.rows(); ++r) row_to_f32(w, r, dst + r * w.cols());
 }
 
 void to_f32(const void* src, DType dtype, float* dst, int64_t n) {

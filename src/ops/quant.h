@@ -60,6 +60,8 @@ void pack_rows16(DType t, std::byte* data, int64_t rows, int64_t cols);
 // One 16-row group of a re-laid tensor of type r16 (its first byte) -> the
 // 16 rows in the stored layout (16 * cols / block elements blocks, row-major).
 void unpack_rows16(DType r16, const std::byte* group, int64_t cols, std::byte* dst);
+// Row `row` (0..15) of that group alone -> dst (one row of the stored layout).
+void unpack_row16(DType r16, const std::byte* group, int64_t cols, int row, std::byte* dst);
 // Whether re-laying t pays at the current SIMD level: the level has a kernel
 // for rows16_type(t) (AVX-512 VNNI). Elsewhere products over a re-laid type
 // unpack each group into a scratch first: Q4_0's results exactly, slower.

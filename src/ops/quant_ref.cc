@@ -279,17 +279,19 @@ void check_r16(const char* what, const R16Layout* l, DType t, int64_t rows, int6
   if (cols < 0 || cols % be != 0)
     fail("{}: {} columns is not a multiple of {}'s block of {}", what, cols, dtype_name(l->base), be);
 }
-// Between 16 rows of blocks (row-major, rb bytes a row) and a group's
-// records; to_rows: unpack.
-void relay_group(const R16Layout& l, std::byte* rows16, size_t rb, int64_t nb, std::byte* group, bool to_rows) {
+// Between rows [r0, r1) of a group's 16 (row-major blocks from rows16, rb
+// bytes a row: row r at rows16 + (r - r0) * rb) and the group's records;
+// to_rows: unpack.
+void relay_group(const R16Layout& l, std::byte* rows16, size_t rb, int64_t nb, std::byte* group, bool to_rows,
+                 int r0 = 0, int r1 = 16) {
   const size_t bb = block_bytes(l.base), rec_bytes = 16 * bb;
   for (int64_t i = 0; i < nb; ++i) {
     std::byte* rec = group + size_t(i) * rec_bytes;
     size_t at = 0;
     for (int f = 0; f < l.n_fields; ++f) {
       const Field fd = l.fields[f];
-      for (int r = 0; r < 16; ++r) {
-        std::byte* blk = rows16 + size_t(r) * rb + size_t(i) * bb + size_t(fd.off);
+      for (int r = r0; r < r1; ++r) {
+        std::byte* blk = rows16 + size_t(r - r0) * rb + size_t(i) * bb + size_t(fd.off);
         if (fd.bytes == 2) {
           to_rows ? std::memcpy(blk, rec + at + 2 * r, 2) : std::memcpy(rec + at + 2 * r, blk, 2);
         } else {
@@ -336,6 +338,15 @@ void unpack_rows16(DType r16, const std::byte* group, int64_t cols, std::byte* d
   check_r16("unpack_rows16", l && l->r16 == r16 ? l : nullptr, r16, 16, cols);
   const int64_t nb = cols / int64_t(block_elems(r16));
   relay_group(*l, dst, size_t(nb) * block_bytes(r16), nb, const_cast<std::byte*>(group), /*to_rows=*/true);
+}
+
+void unpack_row16(DType r16, const std::byte* group, int64_t cols, int row, std::byte* dst) {
+  const R16Layout* l = layout_of(r16);
+  check_r16("unpack_row16", l && l->r16 == r16 ? l : nullptr, r16, 16, cols);
+  if (row < 0 || row >= 16) fail("unpack_row16: row {} of a 16-row group", row);
+  const int64_t nb = cols / int64_t(block_elems(r16));
+  relay_group(*l, dst, size_t(nb) * block_bytes(r16), nb, const_cast<std::byte*>(group), /*to_rows=*/true, row,
+              row + 1);
 }
 
 float qdot_row_f32(DType t, const void* row, const float* x, int64_t n) {
