@@ -94,6 +94,13 @@ TEST(Rows16, LayoutIsTheDefinitionAndUnpacksBack) {
     for (int64_t g = 0; g < rows / 16; ++g) {
       ops::unpack_rows16(tc.r16, w.r16.data() + size_t(g) * 16 * rb, cols, back.data());
       EXPECT_EQ(std::memcmp(back.data(), w.q.data() + size_t(g) * 16 * rb, back.size()), 0) << "group " << g;
+      // One row alone: the same bytes as that row of the whole group.
+      std::vector<std::byte> one(rb);
+      for (int r = 0; r < 16; ++r) {
+        ops::unpack_row16(tc.r16, w.r16.data() + size_t(g) * 16 * rb, cols, r, one.data());
+        EXPECT_EQ(std::memcmp(one.data(), w.q.data() + (size_t(g) * 16 + size_t(r)) * rb, rb), 0)
+            << "group " << g << " row " << r;
+      }
     }
   }
 }
@@ -218,6 +225,8 @@ TEST(Rows16, BadTypesShapesAndRowPointersAreOneLineErrors) {
   const TensorView odd{buf.data(), DType::Q4_0_R16, {20, 64}};
   std::vector<float> x(64, 1.f), y(20);
   EXPECT_NE(error_of([&] { ops::matmul(odd, x.data(), 1, y.data()); }).find("not a multiple of its groups of 16"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ops::unpack_row16(DType::Q4_0_R16, buf.data(), 64, 16, buf.data()); }).find("row 16 of a 16-row group"),
             std::string::npos);
   const Relaid w(DType::Q4_0, 16, 64, 7);
   EXPECT_NE(error_of([&] { ops::row_to_f32(w.v_r16, 16, out.data()); }).find("row 16 of a weight with 16 rows"),
