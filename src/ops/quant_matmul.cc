@@ -231,12 +231,22 @@ void qmatmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int 
     work += int64_t(storage_bytes(jobs[j].w->dtype, size_t(jobs[j].w->numel()))) * n_tokens;
   }
   const Kernels& k = kernels();
-#pragma omp parallel for schedule(static) if (work >= kParallelWork)
-  for (size_t i = 0; i < tasks.size(); ++i) {
+  const auto task = [&](size_t i) {
     const MatmulJob& jb = jobs[tasks[i].first];
     const int64_t out = jb.w->rows(), o0 = tasks[i].second;
     const std::vector<float>& b = biases[size_t(tasks[i].first)];
     run_rows(k, *jb.w, qx, n_tokens, jb.y, out, b.empty() ? nullptr : b.data(), o0, std::min(out, o0 + kRowBlock));
+  };
+  // Decode keeps a static split (each thread prefetches its next row block,
+  // tile16_t). Several tokens take blocks as threads come free: a vCPU the
+  // VM holds back does fewer blocks instead of keeping the other waiting at
+  // the barrier. A block's rows are computed the same on any thread.
+  if (n_tokens > kMaxNT) {
+#pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
+    for (size_t i = 0; i < tasks.size(); ++i) task(i);
+  } else {
+#pragma omp parallel for schedule(static) if (work >= kParallelWork)
+    for (size_t i = 0; i < tasks.size(); ++i) task(i);
   }
 }
 
@@ -261,12 +271,18 @@ void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const floa
   const int64_t n_blocks = (F + kRowBlock - 1) / kRowBlock;
   const int64_t work = int64_t(w_gate.nbytes() + w_up.nbytes()) * n_tokens;
   // A task owns a block of ffn rows in both matrices, so its SwiGLU needs no barrier.
-#pragma omp parallel for schedule(static) if (work >= kParallelWork)
-  for (int64_t p = 0; p < n_blocks; ++p) {
+  const auto task = [&](int64_t p) {
     const int64_t o0 = p * kRowBlock, o1 = std::min(F, o0 + kRowBlock);
     run_rows(k, w_gate, qx, n_tokens, gate, F, nullptr, o0, o1);
     run_rows(k, w_up, qx, n_tokens, up, F, nullptr, o0, o1);
     for (int64_t t = 0; t < n_tokens; ++t) silu_mul(gate + t * F + o0, up + t * F + o0, o1 - o0);
+  };
+  if (n_tokens > kMaxNT) {  // as in qmatmul_multi
+#pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
+    for (int64_t p = 0; p < n_blocks; ++p) task(p);
+  } else {
+#pragma omp parallel for schedule(static) if (work >= kParallelWork)
+    for (int64_t p = 0; p < n_blocks; ++p) task(p);
   }
 }
 
