@@ -213,7 +213,7 @@ struct GroupOut {
 };
 template <int NT>
 inline void store_tile(const __m512* acc, const LanesOut& o) {
-  alignas(64) float v[4][16];
+  alignas(64) float v[NT][16];
   for (int t = 0; t < NT; ++t) _mm512_store_ps(v[t], acc[t]);
   for (int r = 0; r < o.nr; ++r)
     for (int t = 0; t < NT; ++t) o.out[r * kMaxNT + t] = v[t][r];
@@ -246,11 +246,11 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     roff = _mm512_load_si512(o);
     gather_ok = size_t(nr) * ws < (size_t(1) << 31);  // 32-bit gather offsets
   }
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const char* pf = reinterpret_cast<const char*>(w + 16 * ws);
   if (nb <= 0) {  // a 0-column weight: every sum is 0
-    const __m512 zero[4] = {acc0, acc0, acc0, acc0};
-    store_tile<NT>(zero, out);
+    store_tile<NT>(acc, out);
     return;
   }
   const size_t pf_step = kPacked ? 0 : (16 * ws / size_t(nb) + 63) & ~size_t(63);
@@ -310,12 +310,9 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
       s = _mm512_dpbusd_epi32(s, wv[7], _mm512_set1_epi32(c[7]));
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(xb.d)), acc);
     };
-    mac(x[0][i], acc0);
-    if constexpr (NT > 1) mac(x[1][i], acc1);
-    if constexpr (NT > 2) mac(x[2][i], acc2);
-    if constexpr (NT > 3) mac(x[3][i], acc3);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) mac(x[t][i], acc[t]);
   }
-  const __m512 acc[4] = {acc0, acc1, acc2, acc3};
   store_tile<NT>(acc, out);
 }
 
@@ -326,7 +323,7 @@ void tile16_q4(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_
 }
 void tile16_q4_r16(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, int nt, const float* bias, float* y,
                    int64_t ystride) {
-  with_1to4(nt, [&](auto NT) { tile16_t<NT(), true>(w, 0, 16, xt, xs, nb, GroupOut{bias, y, ystride}); });
+  with_1to8(nt, [&](auto NT) { tile16_t<NT(), true>(w, 0, 16, xt, xs, nb, GroupOut{bias, y, ystride}); });
 }
 
 // ---------- Q8_0_R16: 16 rows in the 16 lanes ----------
@@ -345,7 +342,8 @@ void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb,
   constexpr size_t kRec = 16 * sizeof(BlockQ8_0);
   const TilePair* x[NT];
   for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TilePair*>(xt + size_t(t) * xs);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t i = 0; i < nb; ++i) {
     const std::byte* rec = w + size_t(i) * kRec;
@@ -376,7 +374,7 @@ void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb,
 
 void tile16_q8_r16(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, int nt, const float* bias, float* y,
                    int64_t ystride) {
-  with_1to4(nt, [&](auto NT) { tile16_q8_t<NT()>(w, xt, xs, nb, GroupOut{bias, y, ystride}); });
+  with_1to8(nt, [&](auto NT) { tile16_q8_t<NT()>(w, xt, xs, nb, GroupOut{bias, y, ystride}); });
 }
 
 // ---------- Q4_K_R16: 16 rows in the 16 lanes ----------
@@ -651,6 +649,11 @@ constexpr Kernels kTable512 = [] {
   k.tile_r16[kernel_index(DType::Q4_0)] = tile16_q4_r16;
   k.tile_r16[kernel_index(DType::Q8_0)] = tile16_q8_r16;
   k.tile_r16[kernel_index(DType::Q4_K)] = tile16_q4k_r16;
+  // Q8_0's seed (8 dpbusd of ones a block) is shared by the call's tokens:
+  // 8 of them gave the 1B shape's Q8_0 prefill ~10% (docs/BENCHMARKS.md,
+  // session 17); Q4_0's nibble split is cheaper, and 8 measured no better.
+  k.group_nt[kernel_index(DType::Q8_0)] = 8;
+  k.group_nt[kernel_index(DType::Q4_0)] = k.group_nt[kernel_index(DType::Q4_K)] = 4;
   k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     k.tile_rows[kernel_index(t)] = 4;

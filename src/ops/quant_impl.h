@@ -88,6 +88,23 @@ void quantize_act(DType t, const float* x, int64_t n, std::byte* dst);
 // ---------- kernel tables ----------
 // Tokens one weight row is multiplied with per pass (the prefill tile).
 constexpr int kMaxNT = 4;
+// Tokens per call of a GroupDot (the _R16 kernels) at most; a level says how
+// many its kernel for a type takes (Kernels::group_nt).
+constexpr int kMaxGroupNT = 8;
+// f(std::integral_constant<int, n>) for n in 1..8 (8 for anything larger).
+template <class F>
+inline void with_1to8(int n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
 // f(std::integral_constant<int, n>) for n in 1..4 (4 for anything larger):
 // a runtime row or token count -> the kernel instantiated for it.
 template <class F>
@@ -140,7 +157,7 @@ using TileActs = void (*)(DType t, const std::byte* a32, int64_t nb, std::byte* 
 using TileDot = void (*)(const std::byte* w, size_t wstride, int nr, const std::byte* xt, size_t xs, int64_t nb, int nt,
                          float* out);
 // The _R16 types' kernels: the 16 rows of one group (w: its first byte) times
-// nt <= kMaxNT tokens, stored straight into y: y[t * ystride + r] = W_row_r ·
+// nt <= Kernels::group_nt tokens, stored straight into y: y[t * ystride + r] = W_row_r ·
 // x_t + bias[r] (bias may be null: + 0). Activations as the stored type's
 // TileDot takes them. Writing whole vectors of 16 rows per token spares the
 // [row][token] scratch and the scalar copy out of it, which cost as much as
@@ -161,6 +178,8 @@ struct Kernels {
   // the A256 rows for Q4_K). Null where the level has none (run_rows then
   // unpacks each group into stored rows).
   GroupDot tile_r16[8] = {};
+  // Tokens per tile_r16 call, at most (<= kMaxGroupNT; 0: kMaxNT).
+  uint8_t group_nt[8] = {};
 };
 // The stored type whose activation blocks (and row kernels) a type uses:
 // an _R16 type is its stored type's blocks re-laid.

@@ -149,8 +149,9 @@ void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t
   const bool tiled = k.tile[ki] != nullptr;
   const std::byte* xq = tiled ? qx.tiled(base) : qx.data(base);
   const size_t xs = tiled ? qx.tiled_stride(base) : qx.stride(base);
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxNT) {
-    const int nt = int(std::min<int64_t>(kMaxNT, n_tokens - t0));
+  const int64_t gnt = k.group_nt[ki] ? k.group_nt[ki] : kMaxNT;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += gnt) {
+    const int nt = int(std::min<int64_t>(gnt, n_tokens - t0));
     for (int64_t g = r0; g < r1; g += 16)
       tile(w.data + size_t(g) * rb, xq + size_t(t0) * xs, xs, nb, nt, bias ? bias + g : nullptr,
            y + t0 * y_stride + g, y_stride);

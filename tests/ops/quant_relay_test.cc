@@ -127,7 +127,7 @@ TEST(Rows16, RowAndTensorReadersEqualTheStoredTypesDequantisation) {
 // Every product path (matmul, matmul_multi with a bias, matmul_rows,
 // matmul_swiglu) over the re-laid weight against the same call over the
 // stored bytes at every level (the tolerance above); token counts cover one
-// token, a partial and a whole tile of 4 and more. And batch invariance: a
+// token, partial and whole tiles of 4 and 8, and more. And batch invariance: a
 // row and token's result is the same whatever else is in the call.
 TEST(Rows16, ProductsEqualTheStoredTypesAtEveryLevel) {
   SimdGuard guard;
@@ -142,7 +142,7 @@ TEST(Rows16, ProductsEqualTheStoredTypesAtEveryLevel) {
       for (ops::SimdLevel lv : ops::available_simd_levels()) {
         ops::set_simd_level(lv);
         const bool exact = tc.t == DType::Q4_0 || !ops::rows16_pays(tc.t);
-        const auto x = randn(size_t(7 * cols), 6);
+        const auto x = randn(size_t(11 * cols), 6);
         // |y - y_ref| bound for output o of token tk.
         const auto tol = [&](int64_t tk, int64_t o) {
           double mag = 0;
@@ -158,24 +158,25 @@ TEST(Rows16, ProductsEqualTheStoredTypesAtEveryLevel) {
               else ASSERT_NEAR(a[k], b[k], tol(tk, o)) << what << " token " << tk << " row " << o;
             }
         };
-        std::vector<float> all7(size_t(7 * rows));
-        ops::matmul(w.v_r16, x.data(), 7, all7.data());
-        for (int64_t n : {1, 3, 4, 7}) {
+        // 11 tokens: a call of 8 (the 16-row kernels' most) and one of 3.
+        std::vector<float> all11(size_t(11 * rows));
+        ops::matmul(w.v_r16, x.data(), 11, all11.data());
+        for (int64_t n : {1, 3, 4, 7, 8, 11}) {
           SCOPED_TRACE(::testing::Message() << dtype_name(tc.t) << " " << ops::simd_level_name(lv) << " cols "
                                             << cols << " n " << n);
           std::vector<float> a(size_t(n * rows)), b(a.size()), a2(a.size()), b2(a.size());
           ops::matmul(w.v_q, x.data(), n, a.data());
           ops::matmul(w.v_r16, x.data(), n, b.data());
           same(a, b, n, "matmul");
-          for (size_t k = 0; k < b.size(); ++k) ASSERT_EQ(b[k], all7[k]) << "batch invariance at " << k;
+          for (size_t k = 0; k < b.size(); ++k) ASSERT_EQ(b[k], all11[k]) << "batch invariance at " << k;
           const ops::MatmulJob ja[] = {{&w.v_q, a.data(), &bias}, {&u.v_q, a2.data(), nullptr}};
           const ops::MatmulJob jb[] = {{&w.v_r16, b.data(), &bias}, {&u.v_r16, b2.data(), nullptr}};
           ops::matmul_multi(x.data(), n, ja, 2);
           ops::matmul_multi(x.data(), n, jb, 2);
           same(a, b, n, "matmul_multi");
-          for (size_t k = 0; k < b.size(); ++k) ASSERT_EQ(b[k], all7[k] + bias_f[k % size_t(rows)]);
+          for (size_t k = 0; k < b.size(); ++k) ASSERT_EQ(b[k], all11[k] + bias_f[k % size_t(rows)]);
           ops::matmul_rows(x.data(), n, jb, 2);
-          for (size_t k = 0; k < b.size(); ++k) ASSERT_EQ(b[k], all7[k] + bias_f[k % size_t(rows)]);
+          for (size_t k = 0; k < b.size(); ++k) ASSERT_EQ(b[k], all11[k] + bias_f[k % size_t(rows)]);
           ops::matmul_swiglu(w.v_q, u.v_q, x.data(), n, a.data(), a2.data());
           ops::matmul_swiglu(w.v_r16, u.v_r16, x.data(), n, b.data(), b2.data());
           if (exact) EXPECT_EQ(a, b) << "swiglu";
@@ -188,7 +189,7 @@ TEST(Rows16, ProductsEqualTheStoredTypesAtEveryLevel) {
             ref += double(deq[size_t(o * cols + i)]) * x[size_t(i)];
             mag += std::fabs(double(deq[size_t(o * cols + i)]) * x[size_t(i)]);
           }
-          EXPECT_NEAR(all7[size_t(o)], ref, 0.02 * mag) << "row " << o;
+          EXPECT_NEAR(all11[size_t(o)], ref, 0.02 * mag) << "row " << o;
         }
       }
     }
