@@ -53,7 +53,9 @@ class Engine {
   const Model& m_;
   Gemm* gemm_ = nullptr;
   int64_t gemm_rows_ = 16, batch_launch_ = 2;
-  bool fuse_ = true;  // GEMV steps: q/k/v in one launch, gate/up/silu in one (PTLLM_CUDA_FUSE=0: apart)
+  // GEMV steps: q/k/v in one launch, gate/up/silu in one; one sequence's key RoPE in its
+  // append (PTLLM_CUDA_FUSE=0: apart)
+  bool fuse_ = true;
   // Page-locked staging for the logits of a decode step or batch (a copy to pageable memory
   // goes through the driver's own staging in pieces), grown to the largest copy up to
   // kPinnedFloats (64 MiB: a batch of 64 at a 128K vocabulary); larger copies go direct.
@@ -265,13 +267,15 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
     }
     // KIVI stores keys before RoPE (turned by slot at read time); plain caches rotated at their position.
     if (both) check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
-    if (any_plain) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
+    // One plain cache stepped alone: its append rotates the keys (fuse_).
+    const bool rope_in_append = fuse_ && !batched && n_caches == 1 && !any_kivi;
+    if (any_plain && !rope_in_append) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
     if (batched) batch_.run_layer(l, s);
     for (int64_t b = 0; b < n_caches && !batched; ++b) {
       const int64_t r0 = batch ? b : 0, nb = batch ? 1 : n;
       float* const part = part_.f() + (batch ? b * part_stride : 0);
       attend_layer(*caches[b], l, kk + r0 * KD, kraw + r0 * KD, vv + r0 * KD, q + r0 * QD, d_qcs + r0 * 2 * hd,
-                   first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s);
+                   first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s, rope_in_append ? d_kcs : nullptr);
     }
     linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s);
     k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);

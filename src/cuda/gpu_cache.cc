@@ -358,7 +358,7 @@ void fill_attend(A& a, const CudaCache& cc, const float* q, const float* qcs, in
 
 void attend_layer(const CudaCache& cc, int64_t l, const float* kk, const float* kraw, const float* vv, const float* q,
                   const float* qcs, int64_t first, int64_t nb, int nh, float scale, float* out, float* part,
-                  cudaStream_t s) {
+                  cudaStream_t s, const float* kcs) {
   if (cc.kivi()) {
     cc.kivi_append(l, kraw, vv, s);
     k::AttendKivi a;
@@ -370,7 +370,7 @@ void attend_layer(const CudaCache& cc, int64_t l, const float* kk, const float* 
   }
   k::Attend a;
   a.c = cc.layer(l);
-  k::append_plain(a.c, kk, vv, int(nb), int(first), s);
+  k::append_plain(a.c, kk, vv, int(nb), int(first), s, kcs);
   fill_attend(a, cc, q, qcs, first, nb, nh, scale, out, part);
   k::attend_plain(a, s);
 }

@@ -156,9 +156,11 @@ class BatchAttend {
 // Layer l of one sequence's step: stores its nb new K/V rows and attends its nb
 // queries. kk [nb, KD] rotated at the keys' positions (plain caches), kraw the
 // same keys before RoPE (KIVI), vv [nb, KD]; q [nb, nh * hd] un-rotated, qcs
-// [nb, 2, hd] the query tables (angle_a / angle_b); out [nb, nh * hd].
+// [nb, 2, hd] the query tables (angle_a / angle_b); out [nb, nh * hd]. kcs
+// [nb, hd]: when given, kk is not rotated yet and a plain cache's append
+// rotates it (one launch less).
 void attend_layer(const CudaCache& cc, int64_t l, const float* kk, const float* kraw, const float* vv, const float* q,
                   const float* qcs, int64_t first, int64_t nb, int nh, float scale, float* out, float* part,
-                  cudaStream_t s);
+                  cudaStream_t s, const float* kcs = nullptr);
 
 }  // namespace ptllm::cuda

@@ -321,7 +321,7 @@ __device__ __forceinline__ int64_t phys_row(const PlainLayer& c, int slot) {
 }
 
 template <class T>
-__global__ void append_kernel(PlainLayer c, const float* k, const float* v, int first) {
+__global__ void append_kernel(PlainLayer c, const float* k, const float* v, int first, const float* kcs) {
   pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y;
   const int64_t row = (int64_t(h) * c.cap + phys_row(c, first + t)) * c.hd;
@@ -329,9 +329,18 @@ __global__ void append_kernel(PlainLayer c, const float* k, const float* v, int 
   const float* vs = v + (int64_t(t) * c.kvh + h) * c.hd;
   T* kd = static_cast<T*>(c.k) + row;
   T* vd = static_cast<T*>(c.v) + row;
-  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) {
-    kd[i] = narrow<T>(ks[i]);
-    vd[i] = narrow<T>(vs[i]);
+  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) vd[i] = narrow<T>(vs[i]);
+  if (!kcs) {
+    for (int i = threadIdx.x; i < c.hd; i += blockDim.x) kd[i] = narrow<T>(ks[i]);
+    return;
+  }
+  // rope_kernel's pair rotation, written as it is there.
+  const int half = c.hd / 2;
+  const float* cs = kcs + int64_t(t) * c.hd;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float a = ks[i], b = ks[i + half];
+    kd[i] = narrow<T>(a * cs[i] - b * cs[half + i]);
+    kd[i + half] = narrow<T>(b * cs[i] + a * cs[half + i]);
   }
 }
 
@@ -354,8 +363,11 @@ __device__ __forceinline__ void attend_body(const Attend& a, int i) {
   const int li = a.first + i + 1;  // slots this query sees
   const int b0 = s * kChunk, b1 = min(b0 + kChunk, li);
   float* part = a.part + ((int64_t(i) * a.nh + h) * S + s) * (hd + 2);
+  float* out = a.out + (int64_t(i) * a.nh + h) * hd;  // written here when S == 1
   if (b0 >= b1) {
-    if (threadIdx.x == 0) { part[0] = -INFINITY; part[1] = 0; }
+    if (S == 1)
+      for (int j = threadIdx.x; j < hd; j += blockDim.x) out[j] = 0.f;
+    else if (threadIdx.x == 0) { part[0] = -INFINITY; part[1] = 0; }
     return;
   }
   const T* K = static_cast<const T*>(c.k) + int64_t(kvh) * c.cap * hd;
@@ -407,9 +419,14 @@ __device__ __forceinline__ void attend_body(const Attend& a, int i) {
       for (int u = 0; u < 8; ++u) o = fmaf(p[t + u], v[u], o);
     }
     for (; t < len; ++t) o = fmaf(p[t], widen(V[phys_row(c, b0 + t) * hd + j]), o);
-    part[2 + j] = o;
+    // One split: the combine's result (its weight exp(m - m) is 1) written
+    // here, and the combine is not launched (attend_plain*).
+    if (S == 1)
+      out[j] = red[1] > 0 ? o / red[1] : 0.f;
+    else
+      part[2 + j] = o;
   }
-  if (threadIdx.x == 0) { part[0] = red[0]; part[1] = red[1]; }
+  if (threadIdx.x == 0 && S > 1) { part[0] = red[0]; part[1] = red[1]; }
 }
 
 template <class T>
@@ -588,11 +605,12 @@ void rope(float* x, int n, int nh, int hd, const float* cs, cudaStream_t s) {
   launch(rope_kernel, n, 128, 0, s, x, nh, hd, cs);
 }
 
-void append_plain(const PlainLayer& c, const float* k, const float* v, int n, int first, cudaStream_t s) {
+void append_plain(const PlainLayer& c, const float* k, const float* v, int n, int first, cudaStream_t s,
+                  const float* kcs) {
   const dim3 grid(n, c.kvh);
-  if (c.e == Elem::F32) launch(append_kernel<float>, grid, 128, 0, s, c, k, v, first);
-  if (c.e == Elem::F16) launch(append_kernel<__half>, grid, 128, 0, s, c, k, v, first);
-  if (c.e == Elem::BF16) launch(append_kernel<__nv_bfloat16>, grid, 128, 0, s, c, k, v, first);
+  if (c.e == Elem::F32) launch(append_kernel<float>, grid, 128, 0, s, c, k, v, first, kcs);
+  if (c.e == Elem::F16) launch(append_kernel<__half>, grid, 128, 0, s, c, k, v, first, kcs);
+  if (c.e == Elem::BF16) launch(append_kernel<__nv_bfloat16>, grid, 128, 0, s, c, k, v, first, kcs);
 }
 
 int64_t attend_scratch_floats(int n, int nh, int hd, int len) {
@@ -607,7 +625,7 @@ void attend_plain(const Attend& a, cudaStream_t s) {
   if (a.c.e == Elem::F32) launch(attend_kernel<float>, grid, kThreads, 0, s, a);
   if (a.c.e == Elem::F16) launch(attend_kernel<__half>, grid, kThreads, 0, s, a);
   if (a.c.e == Elem::BF16) launch(attend_kernel<__nv_bfloat16>, grid, kThreads, 0, s, a);
-  combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);
+  if (S > 1) combine(a.part, a.n * a.nh, S, a.c.hd, a.out, s);  // one split wrote a.out itself
 }
 
 void append_plain_batch(const AppendPlainB* d, int B, int kvh, Elem e, cudaStream_t s) {
@@ -622,7 +640,7 @@ void attend_plain_batch(const Attend* d, int B, int nh, int hd, int S, Elem e, c
   if (e == Elem::F32) launch(attend_batch_kernel<float>, grid, kThreads, 0, s, d);
   if (e == Elem::F16) launch(attend_batch_kernel<__half>, grid, kThreads, 0, s, d);
   if (e == Elem::BF16) launch(attend_batch_kernel<__nv_bfloat16>, grid, kThreads, 0, s, d);
-  launch(combine_batch_kernel<Attend>, dim3(nh, B), 128, 0, s, d, S, hd);
+  if (S > 1) launch(combine_batch_kernel<Attend>, dim3(nh, B), 128, 0, s, d, S, hd);
 }
 
 }  // namespace ptllm::cuda::k

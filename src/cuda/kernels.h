@@ -58,8 +58,11 @@ struct PlainLayer {
   Elem e = Elem::F16;
   int kvh = 0, cap = 0, hd = 0, sink_cap = 0, ring_start = 0, ring_cap = 0;
 };
-// Stores k, v [n, kvh, hd] (k already rotated) at slots first .. first+n-1.
-void append_plain(const PlainLayer& c, const float* k, const float* v, int n, int first, cudaStream_t s);
+// Stores k, v [n, kvh, hd] at slots first .. first+n-1: k already rotated,
+// or, with kcs ([n, hd] cos | sin rows, as rope() takes), rotated here (RoPE
+// and the append in one launch, the same arithmetic as rope()).
+void append_plain(const PlainLayer& c, const float* k, const float* v, int n, int first, cudaStream_t s,
+                  const float* kcs = nullptr);
 
 // Causal attention of n queries over slots [0, len) of one sequence: query i
 // is at slot first + i and sees slots <= first + i. q [n, nh, hd] un-rotated;
