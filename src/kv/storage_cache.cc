@@ -192,6 +192,9 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   const bool transposed = !keys_prerope_ && n >= kTransposedMinQueries && len > 0 &&
                           (!ks.reads_in_place() || opt_.k_storage() == KVStorage::F32);
   const int64_t ld = transposed ? (len + 15) / 16 * 16 + 16 : 0;
+  // The calling thread's, reused: it grows to the longest layer a prefill
+  // chunk met (one layer's keys, 1 / (2 * layers) of an fp32 cache's bytes)
+  // and stays, so a server's memory reaches its high-water mark once.
   thread_local std::vector<float> kt_buf;
   if (transposed) kt_buf.resize(size_t(KVH * hd * ld));
   float* const kt_all = transposed ? kt_buf.data() : nullptr;
