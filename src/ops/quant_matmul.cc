@@ -25,6 +25,10 @@ static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0 && kRowBlock % row_gro
 // Weight bytes x tokens below which a product runs on one thread (fork/join
 // costs a few microseconds).
 constexpr int64_t kParallelWork = int64_t(1) << 16;
+// Decode products reading more weight bytes than this stream them from DRAM
+// and take guided chunks (qmatmul_multi); smaller ones (a 27M model's, from
+// the caches) keep the static split, one hand-out per thread.
+constexpr int64_t kGuidedWork = int64_t(2) << 20;
 
 void check_weight(const char* what, const TensorView& w, int64_t in) {
   if (w.shape.size() != 2) fail("{}: weight must be 2-D, got shape {}", what, shape_str(w.shape));
@@ -238,12 +242,19 @@ void qmatmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int 
     const std::vector<float>& b = biases[size_t(tasks[i].first)];
     run_rows(k, *jb.w, qx, n_tokens, jb.y, out, b.empty() ? nullptr : b.data(), o0, std::min(out, o0 + kRowBlock));
   };
-  // Decode keeps a static split (each thread prefetches its next row block,
-  // tile16_t). Several tokens take blocks as threads come free: a vCPU the
-  // VM holds back does fewer blocks instead of keeping the other waiting at
-  // the barrier. A block's rows are computed the same on any thread.
+  // Several tokens take blocks as threads come free: a vCPU the VM holds
+  // back does fewer blocks instead of keeping the other waiting at the
+  // barrier. Decode from DRAM takes guided chunks: long runs of consecutive blocks
+  // first (each thread's stream runs on into its next block, which it
+  // prefetches, tile16_t), then ever smaller ones that even out the finish
+  // (session 18: 1B Q4_0 decode had both threads waiting 13-15% of the
+  // time in libgomp under the static split). A block's rows are computed
+  // the same on any thread.
   if (n_tokens > kMaxNT) {
 #pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
+    for (size_t i = 0; i < tasks.size(); ++i) task(i);
+  } else if (work >= kGuidedWork) {
+#pragma omp parallel for schedule(guided)
     for (size_t i = 0; i < tasks.size(); ++i) task(i);
   } else {
 #pragma omp parallel for schedule(static) if (work >= kParallelWork)
@@ -280,6 +291,9 @@ void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const floa
   };
   if (n_tokens > kMaxNT) {  // as in qmatmul_multi
 #pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
+    for (int64_t p = 0; p < n_blocks; ++p) task(p);
+  } else if (work >= kGuidedWork) {
+#pragma omp parallel for schedule(guided)
     for (int64_t p = 0; p < n_blocks; ++p) task(p);
   } else {
 #pragma omp parallel for schedule(static) if (work >= kParallelWork)
