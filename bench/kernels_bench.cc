@@ -340,6 +340,63 @@ BENCHMARK(BM_ReadBandwidth)
     ->ArgNames({"bytes", "threads", "prefetch"})
     ->UseRealTime();
 
+// The machine's int8 compute ceiling, the floor's counterpart for prefill:
+// 12 independent chains of vpdpbusd (u8 x s8 -> i32, 4 multiply-adds per
+// 32-bit lane) per thread, from registers. "MACs" counts multiply-adds, so a
+// product's GFLOP/s (quant_bench) is at most 2x this. kind 0: 512-bit
+// dpbusd; 1: 512-bit FMA (to see whether the two share their ports); 2: six
+// of each, interleaved. Runs only where AVX-512 VNNI exists.
+#if defined(__x86_64__)
+template <int kKind>
+__attribute__((target("avx512f,avx512vnni"))) int64_t vnni_chains(int64_t reps) {
+  __m512i a[12];
+  __m512 f[12];
+  for (int i = 0; i < 12; ++i) {
+    a[i] = _mm512_set1_epi32(i);
+    f[i] = _mm512_set1_ps(float(i));
+  }
+  __m512i u = _mm512_set1_epi8(3), w = _mm512_set1_epi8(5);
+  __m512 x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
+  for (int64_t n = 0; n < reps; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      if (kKind == 0 || (kKind == 2 && i % 2 == 0)) a[i] = _mm512_dpbusd_epi32(a[i], u, w);
+      else f[i] = _mm512_fmadd_ps(f[i], x, y);
+    }
+    asm volatile("" : "+v"(u), "+v"(x));  // keeps the loop from being folded
+  }
+  alignas(64) int32_t ai[16];
+  alignas(64) float fi[16];
+  int64_t sink = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_si512(ai, a[i]);
+    _mm512_store_ps(fi, f[i]);
+    sink += ai[0] + int64_t(fi[0]);
+  }
+  return sink;
+}
+void BM_ComputePeak(benchmark::State& st) {
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    st.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  const int kind = int(st.range(0)), threads = int(st.range(1));
+  constexpr int64_t kReps = 1 << 22;
+  int64_t sink = 0;
+  for (auto _ : st) {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += kind == 0 ? vnni_chains<0>(kReps) : kind == 1 ? vnni_chains<1>(kReps) : vnni_chains<2>(kReps);
+    benchmark::DoNotOptimize(sink);
+  }
+  const double instr = double(st.iterations()) * double(threads) * double(kReps) * 12;
+  st.counters["Ginstr"] = benchmark::Counter(instr / 1e9, benchmark::Counter::kIsRate);
+  // Multiply-adds: a 512-bit dpbusd does 64, a 512-bit FMA 16.
+  st.counters["GMACs"] = benchmark::Counter(
+      instr / 1e9 * (kind == 0 ? 64.0 : kind == 1 ? 16.0 : 40.0), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ComputePeak)->ArgsProduct({{0, 1, 2}, {1, 2}})->ArgNames({"kind", "threads"})->UseRealTime();
+#endif
+
 // memcpy: bytes_per_second counts the bytes copied (each is read once and written once).
 void BM_CopyBandwidth(benchmark::State& st) {
   const size_t bytes = size_t(st.range(0));
