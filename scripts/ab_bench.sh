@@ -7,24 +7,35 @@
 # fp32/int8/int4, and decode with 4,096 stored tokens (full StreamingLLM cache
 # sink 4 + window 4092, as scripts/kivi_bench.sh) for the same modes.
 # Usage: scripts/ab_bench.sh OLD_BIN NEW_BIN   Env: ROUNDS (5), THREADS (2), MODES,
-#        RAW (keep every round's figures in this file).
+#        RAW (keep every round's figures in this file), MODEL (models/flagship-27m;
+#        any file or folder `bench` loads), ARGS (instead of those lines, one line
+#        of these bench arguments without -r, e.g. ARGS="-p 0 -n 32" for a 1B GGUF's decode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=$1 NEW=$2
 ROUNDS=${ROUNDS:-5}
 THREADS=${THREADS:-2}
 MODES=(${MODES:-fp32 int8 int4})
+MODEL=${MODEL:-models/flagship-27m}
+ARGS=${ARGS:-}
 res=${RAW:-$(mktemp)}
 [ -n "${RAW:-}" ] || trap 'rm -f "$res"' EXIT
 : >"$res"
 run() {  # tag bin line args...
   local tag=$1 bin=$2 line=$3; shift 3
-  "$bin" bench models/flagship-27m --threads "$THREADS" -r 1 --json "$@" |
+  "$bin" bench "$MODEL" --threads "$THREADS" -r 1 --json "$@" |
     python3 -c 'import json,sys; d=json.load(sys.stdin)
 for k in ("prefill","decode"):
     if d.get(k) and d[k].get("tokens"): print(sys.argv[1], sys.argv[2]+"/"+k, d[k]["tps_mean"])' "$tag" "$line" >>"$res"
 }
 for r in $(seq "$ROUNDS"); do
+  if [ -n "$ARGS" ]; then
+    for side in old new; do
+      bin=$OLD; [ $side = new ] && bin=$NEW
+      run $side $bin "$ARGS" $ARGS  # word-split on purpose: the bench arguments
+    done
+    continue
+  fi
   for m in "${MODES[@]}"; do
     for side in old new; do
       bin=$OLD; [ $side = new ] && bin=$NEW
