@@ -27,7 +27,7 @@ static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0 && kRowBlock % row_gro
 // costs a few microseconds).
 constexpr int64_t kParallelWork = int64_t(1) << 16;
 // Decode products reading more weight bytes than this stream them from DRAM
-// and take guided chunks (qmatmul_multi); smaller ones (a 27M model's, from
+// and take guided chunks (for_row_blocks); smaller ones (a 27M model's, from
 // the caches) keep the static split, one hand-out per thread.
 constexpr int64_t kGuidedWork = int64_t(2) << 20;
 
@@ -193,6 +193,30 @@ void run_rows(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t n
   }
 }
 
+// f(0 .. n - 1) over the threads, one row-block task each; `work` (weight
+// bytes x tokens) picks the schedule. Several tokens take blocks as threads
+// come free: a vCPU the VM holds back does fewer blocks instead of keeping
+// the other waiting at the barrier. Decode from DRAM takes guided chunks:
+// long runs of consecutive blocks first (each thread's stream runs on into
+// its next block, which it prefetches, tile16_t), then ever smaller ones that
+// even out the finish (session 18: 1B Q4_0 decode had both threads waiting
+// 13-15% of the time in libgomp under the static split). Small decode
+// products keep one static hand-out per thread. A block's rows are computed
+// the same on any thread, so the schedule changes no result.
+template <class F>
+void for_row_blocks(int64_t n, int64_t n_tokens, int64_t work, const F& f) {
+  if (n_tokens > kMaxNT) {
+#pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
+    for (int64_t i = 0; i < n; ++i) f(i);
+  } else if (work >= kGuidedWork) {
+#pragma omp parallel for schedule(guided)
+    for (int64_t i = 0; i < n; ++i) f(i);
+  } else {
+#pragma omp parallel for schedule(static) if (work >= kParallelWork)
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+}
+
 std::vector<float> bias_f32(const TensorView* bias, int64_t out) {
   if (!bias) return {};
   if (bias->numel() != out) fail("matmul: bias has {} elements, expected {}", bias->numel(), out);
@@ -244,24 +268,7 @@ void qmatmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int 
     const std::vector<float>& b = biases[size_t(tasks[i].first)];
     run_rows(k, *jb.w, qx, n_tokens, jb.y + o0, out, b.empty() ? nullptr : b.data(), o0, std::min(out, o0 + kRowBlock));
   };
-  // Several tokens take blocks as threads come free: a vCPU the VM holds
-  // back does fewer blocks instead of keeping the other waiting at the
-  // barrier. Decode from DRAM takes guided chunks: long runs of consecutive blocks
-  // first (each thread's stream runs on into its next block, which it
-  // prefetches, tile16_t), then ever smaller ones that even out the finish
-  // (session 18: 1B Q4_0 decode had both threads waiting 13-15% of the
-  // time in libgomp under the static split). A block's rows are computed
-  // the same on any thread.
-  if (n_tokens > kMaxNT) {
-#pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
-    for (size_t i = 0; i < tasks.size(); ++i) task(i);
-  } else if (work >= kGuidedWork) {
-#pragma omp parallel for schedule(guided)
-    for (size_t i = 0; i < tasks.size(); ++i) task(i);
-  } else {
-#pragma omp parallel for schedule(static) if (work >= kParallelWork)
-    for (size_t i = 0; i < tasks.size(); ++i) task(i);
-  }
+  for_row_blocks(int64_t(tasks.size()), n_tokens, work, [&](int64_t i) { task(size_t(i)); });
 }
 
 void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float* x, int64_t n_tokens, float* gate,
@@ -309,16 +316,7 @@ void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const floa
     silu_mul(g, u, n_tokens * nr);
     for (int64_t t = 0; t < n_tokens; ++t) std::memcpy(gate + t * F + o0, g + t * nr, size_t(nr) * sizeof(float));
   };
-  if (n_tokens > kMaxNT) {  // as in qmatmul_multi
-#pragma omp parallel for schedule(dynamic, 1) if (work >= kParallelWork)
-    for (int64_t p = 0; p < n_blocks; ++p) task(p);
-  } else if (work >= kGuidedWork) {
-#pragma omp parallel for schedule(guided)
-    for (int64_t p = 0; p < n_blocks; ++p) task(p);
-  } else {
-#pragma omp parallel for schedule(static) if (work >= kParallelWork)
-    for (int64_t p = 0; p < n_blocks; ++p) task(p);
-  }
+  for_row_blocks(n_blocks, n_tokens, work, task);
 }
 
 }  // namespace ptllm::ops
