@@ -302,30 +302,15 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     const __m512 wd = _mm512_cvtph_ps(dh);
     const auto mac = [&](const TileBlock& xb, __m512& acc) {
       const int32_t* c = reinterpret_cast<const int32_t*>(xb.qs);
-      __m512i s = _mm512_set1_epi32(xb.seed);
       // Q4_0: codes 0..15 are elements 0..15 (low nibbles), wv[k + 4] 16..31.
-      if constexpr (NT <= 2) {
-        // Few tokens give few independent chains: two half chains (integer
-        // sums, so the same bits) halve the latency each block waits on.
-        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], _mm512_set1_epi32(c[4]));
-        s = _mm512_dpbusd_epi32(s, wv[0], _mm512_set1_epi32(c[0]));
-        s1 = _mm512_dpbusd_epi32(s1, wv[5], _mm512_set1_epi32(c[5]));
-        s = _mm512_dpbusd_epi32(s, wv[1], _mm512_set1_epi32(c[1]));
-        s1 = _mm512_dpbusd_epi32(s1, wv[6], _mm512_set1_epi32(c[6]));
-        s = _mm512_dpbusd_epi32(s, wv[2], _mm512_set1_epi32(c[2]));
-        s1 = _mm512_dpbusd_epi32(s1, wv[7], _mm512_set1_epi32(c[7]));
-        s = _mm512_dpbusd_epi32(s, wv[3], _mm512_set1_epi32(c[3]));
-        s = _mm512_add_epi32(s, s1);
-      } else {
-        s = _mm512_dpbusd_epi32(s, wv[0], _mm512_set1_epi32(c[0]));
-        s = _mm512_dpbusd_epi32(s, wv[1], _mm512_set1_epi32(c[1]));
-        s = _mm512_dpbusd_epi32(s, wv[2], _mm512_set1_epi32(c[2]));
-        s = _mm512_dpbusd_epi32(s, wv[3], _mm512_set1_epi32(c[3]));
-        s = _mm512_dpbusd_epi32(s, wv[4], _mm512_set1_epi32(c[4]));
-        s = _mm512_dpbusd_epi32(s, wv[5], _mm512_set1_epi32(c[5]));
-        s = _mm512_dpbusd_epi32(s, wv[6], _mm512_set1_epi32(c[6]));
-        s = _mm512_dpbusd_epi32(s, wv[7], _mm512_set1_epi32(c[7]));
-      }
+      // Few tokens give few independent chains: one or two tokens sum each
+      // block in two half chains (elements 0-15, 16-31; integer sums, so the
+      // same bits), halving the latency each block waits on.
+      constexpr int kHalf = NT <= 2 ? 4 : 8;
+      __m512i sc[2] = {_mm512_set1_epi32(xb.seed), _mm512_setzero_si512()};
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) sc[k / kHalf] = _mm512_dpbusd_epi32(sc[k / kHalf], wv[k], _mm512_set1_epi32(c[k]));
+      const __m512i s = kHalf == 4 ? _mm512_add_epi32(sc[0], sc[1]) : sc[0];
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(xb.d)), acc);
     };
 #pragma GCC unroll 8
