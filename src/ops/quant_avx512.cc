@@ -654,9 +654,12 @@ constexpr Kernels kTable512 = [] {
   k.tile_r16[kernel_index(DType::Q4_K)] = tile16_q4k_r16;
   // Q8_0's seed (8 dpbusd of ones a block) is shared by the call's tokens:
   // 8 of them gave the 1B shape's Q8_0 prefill ~10% (docs/BENCHMARKS.md,
-  // session 17); Q4_0's nibble split is cheaper, and 8 measured no better.
-  k.group_nt[kernel_index(DType::Q8_0)] = 8;
-  k.group_nt[kernel_index(DType::Q4_0)] = k.group_nt[kernel_index(DType::Q4_K)] = 4;
+  // session 17). Q4_0's nibble split and scale load, shared the same way,
+  // measured no better at 8 in session 17, and +10-13% in session 18 once
+  // SwiGLU's blocks no longer missed (scripts/ab_bench.sh, 6 rounds). Q4_K
+  // stays at 4: its per-token sums already take 16 vector registers.
+  k.group_nt[kernel_index(DType::Q8_0)] = k.group_nt[kernel_index(DType::Q4_0)] = 8;
+  k.group_nt[kernel_index(DType::Q4_K)] = 4;
   k.tile_rows[kernel_index(DType::Q4_0)] = k.tile_rows1[kernel_index(DType::Q4_0)] = 16;
   for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     k.tile_rows[kernel_index(t)] = 4;
