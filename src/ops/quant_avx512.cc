@@ -15,6 +15,20 @@ namespace ptllm::ops::q {
 namespace {
 
 inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+// acc + dpbusd(u, the dword at s4 in every lane), the broadcast taken from
+// memory by dpbusd itself ({1to16}). GCC 12 does not fold _mm512_set1_epi32
+// of a load into dpbusd, and its separate vpbroadcastd per dpbusd was a third
+// of the 16-row kernels' instructions.
+inline __m512i dpbusd_bcast(__m512i acc, __m512i u, const void* s4) {
+#if defined(__GNUC__)
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*static_cast<const int32_t*>(s4)));
+  return acc;
+#else
+  int32_t v;
+  std::memcpy(&v, s4, 4);
+  return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v));
+#endif
+}
 inline __m256i dot_u8s8_w(__m256i acc, __m256i u, __m256i s, __m256i w16) {
   return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), w16);
 }
@@ -300,21 +314,27 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
       dh = load32(s);
     }
     const __m512 wd = _mm512_cvtph_ps(dh);
-    const auto mac = [&](const TileBlock& xb, __m512& acc) {
-      const int32_t* c = reinterpret_cast<const int32_t*>(xb.qs);
-      // Q4_0: codes 0..15 are elements 0..15 (low nibbles), wv[k + 4] 16..31.
-      // Few tokens give few independent chains: one or two tokens sum each
-      // block in two half chains (elements 0-15, 16-31; integer sums, so the
-      // same bits), halving the latency each block waits on.
-      constexpr int kHalf = NT <= 2 ? 4 : 8;
-      __m512i sc[2] = {_mm512_set1_epi32(xb.seed), _mm512_setzero_si512()};
+    // Q4_0: codes 0..15 are elements 0..15 (low nibbles), wv[k + 4] 16..31.
+    // Each token's block sum is a chain of dpbusd from its seed. The tokens'
+    // chains are interleaved in the program (k outer), so adjacent dpbusd are
+    // independent; one or two tokens are too few chains, and sum each block
+    // in two half chains instead (elements 0-15, 16-31; integer sums, so the
+    // same bits), halving the latency each block waits on.
+    constexpr int kChains = NT <= 2 ? 2 : 1;
+    __m512i sc[NT][kChains];
+    for (int t = 0; t < NT; ++t) {
+      sc[t][0] = _mm512_set1_epi32(x[t][i].seed);
+      if constexpr (kChains == 2) sc[t][1] = _mm512_setzero_si512();
+    }
 #pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) sc[k / kHalf] = _mm512_dpbusd_epi32(sc[k / kHalf], wv[k], _mm512_set1_epi32(c[k]));
-      const __m512i s = kHalf == 4 ? _mm512_add_epi32(sc[0], sc[1]) : sc[0];
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(xb.d)), acc);
-    };
+    for (int k = 0; k < 8; ++k)
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) mac(x[t][i], acc[t]);
+      for (int t = 0; t < NT; ++t) sc[t][k * kChains / 8] = dpbusd_bcast(sc[t][k * kChains / 8], wv[k], x[t][i].qs + 4 * k);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m512i s = kChains == 2 ? _mm512_add_epi32(sc[t][0], sc[t][kChains - 1]) : sc[t][0];
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][i].d)), acc[t]);
+    }
   }
   store_tile<NT>(acc, out);
 }
@@ -431,11 +451,8 @@ void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, c
         const __m512i v = _mm512_loadu_si512(rec + 256 + 64 * (8 * c + jj));
         const __m512i lo = _mm512_and_si512(v, k0f), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), k0f);
         for (int t = 0; t < NT; ++t) {
-          int32_t xl, xh;
-          std::memcpy(&xl, x[t][i].qs + 64 * c + 4 * jj, 4);
-          std::memcpy(&xh, x[t][i].qs + 64 * c + 32 + 4 * jj, 4);
-          lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, _mm512_set1_epi32(xl));
-          hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, _mm512_set1_epi32(xh));
+          lo_sum[t] = dpbusd_bcast(lo_sum[t], lo, x[t][i].qs + 64 * c + 4 * jj);
+          hi_sum[t] = dpbusd_bcast(hi_sum[t], hi, x[t][i].qs + 64 * c + 32 + 4 * jj);
         }
       }
       // sc_{2c} and sc_{2c+1}: bytes 2c % 4 and 2c % 4 + 1 of sc03 (c < 2) or sc47.
