@@ -238,6 +238,35 @@ inline void store_tile(const __m512* acc, const GroupOut& o) {
   for (int t = 0; t < NT; ++t) _mm512_storeu_ps(o.y + t * o.ystride, _mm512_add_ps(acc[t], b));
 }
 
+// One block of a 16-row group with NT tokens (Q4_0_R16 and Q8_0_R16): wv[k]
+// holds the 16 rows' unsigned codes 4k .. 4k + 3 (Q4_0's nibbles q, Q8_0's
+// w + 128), so dpbusd with the token's 4 signed codes broadcast from memory
+// gives each row's sum of u x in its own lane, and the token's seed (-8 *
+// sum(x), times 2^kSeedShift: -128 * sum(x) for Q8_0) makes it the exact
+// integer block sum. acc[t] += float(sum) * (wd * d_t), in this order per
+// lane. The tokens' chains are interleaved in the program (k outer), so
+// adjacent dpbusd are independent; one or two tokens are too few chains and
+// sum each block in two half chains instead (codes 0-15, 16-31; integer sums,
+// so the same bits), halving the latency each block waits on.
+template <int NT, int kSeedShift>
+inline void r16_block(const __m512i* wv, __m512 wd, const TileBlock* const* x, int64_t i, __m512* acc) {
+  constexpr int kChains = NT <= 2 ? 2 : 1;
+  __m512i sc[NT][kChains];
+  for (int t = 0; t < NT; ++t) {
+    sc[t][0] = _mm512_slli_epi32(_mm512_set1_epi32(x[t][i].seed), kSeedShift);
+    if constexpr (kChains == 2) sc[t][1] = _mm512_setzero_si512();
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k)
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) sc[t][k * kChains / 8] = dpbusd_bcast(sc[t][k * kChains / 8], wv[k], x[t][i].qs + 4 * k);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    const __m512i s = kChains == 2 ? _mm512_add_epi32(sc[t][0], sc[t][kChains - 1]) : sc[t][0];
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][i].d)), acc[t]);
+  }
+}
+
 // kPacked: w is one group of Q4_0_R16 (core/dtype.h), whose record i holds
 // exactly what the GGUF-layout path gathers and transposes for block i (the
 // 16 scales, then wk[0..3]), so both paths compute every sum with the same
@@ -315,26 +344,7 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     }
     const __m512 wd = _mm512_cvtph_ps(dh);
     // Q4_0: codes 0..15 are elements 0..15 (low nibbles), wv[k + 4] 16..31.
-    // Each token's block sum is a chain of dpbusd from its seed. The tokens'
-    // chains are interleaved in the program (k outer), so adjacent dpbusd are
-    // independent; one or two tokens are too few chains, and sum each block
-    // in two half chains instead (elements 0-15, 16-31; integer sums, so the
-    // same bits), halving the latency each block waits on.
-    constexpr int kChains = NT <= 2 ? 2 : 1;
-    __m512i sc[NT][kChains];
-    for (int t = 0; t < NT; ++t) {
-      sc[t][0] = _mm512_set1_epi32(x[t][i].seed);
-      if constexpr (kChains == 2) sc[t][1] = _mm512_setzero_si512();
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k)
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) sc[t][k * kChains / 8] = dpbusd_bcast(sc[t][k * kChains / 8], wv[k], x[t][i].qs + 4 * k);
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const __m512i s = kChains == 2 ? _mm512_add_epi32(sc[t][0], sc[t][kChains - 1]) : sc[t][0];
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][i].d)), acc[t]);
-    }
+    r16_block<NT, 0>(wv, wd, x, i, acc);
   }
   store_tile<NT>(acc, out);
 }
@@ -352,45 +362,33 @@ void tile16_q4_r16(const std::byte* w, const std::byte* xt, size_t xs, int64_t n
 // ---------- Q8_0_R16: 16 rows in the 16 lanes ----------
 // w is one group of Q8_0_R16 (core/dtype.h): record i (544 bytes) is the 16
 // rows' fp16 scales, then 8 vectors, vector k holding codes 4k .. 4k + 3 of
-// row r in lane r. The token side is the Q8_0 tile's TilePairs (codes made
-// unsigned, x + 128; block i is pair i / 2, half i % 2), whose 4 codes are
-// broadcast, so dpbusd (u8 token x s8 weights) gives each row's sum of
-// (x + 128) w in its own lane; the seed -128 * sum(w) (8 dpbusd of ones with
-// the weights, shared by the tokens) makes it x . w exactly. Per (16 rows,
-// token, block): 8 dpbusd, convert, multiply, FMA, in a fixed order per lane
-// (batch invariance); the 4 x 4 tile FMAs partial lane sums instead, so the
-// results differ from its in the last fp32 bits.
+// row r in lane r. The kernel makes the weights unsigned (w + 128, one xor
+// per vector, shared by the tokens) and takes the token side as Q4_0's
+// TileBlocks (signed codes, so dpbusd reads them as its {1to16} memory
+// operand), whose seed -8 * sum(x) shifted by 4 is the -128 * sum(x) that
+// makes sum((w + 128) x) the exact w . x: r16_block, as Q4_0_R16. Until
+// session 19 the token codes were the unsigned side (Q8_0's TilePairs) and
+// the seed the weights', 8 more dpbusd a block and a register broadcast per
+// dpbusd; the integers and the fp32 steps are the same, so are the bits.
+// Per (16 rows, token, block): 8 dpbusd, convert, multiply, FMA, in a fixed
+// order per lane (batch invariance); the 4 x 4 tile FMAs partial lane sums
+// instead, so the results differ from its in the last fp32 bits.
 template <int NT>
 void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, const GroupOut& out) {
   constexpr size_t kRec = 16 * sizeof(BlockQ8_0);
-  const TilePair* x[NT];
-  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TilePair*>(xt + size_t(t) * xs);
+  const TileBlock* x[NT];
+  for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const TileBlock*>(xt + size_t(t) * xs);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i k80 = _mm512_set1_epi8(char(0x80));
   for (int64_t i = 0; i < nb; ++i) {
     const std::byte* rec = w + size_t(i) * kRec;
     if constexpr (NT == 1)  // one token is bound by the weight stream: two records ahead
       for (size_t l = 0; l < kRec; l += 64) _mm_prefetch(reinterpret_cast<const char*>(rec) + 2 * kRec + l, _MM_HINT_T0);
     const __m512 wd = _mm512_cvtph_ps(load32(rec));
     __m512i wv[8];
-    __m512i wsum = _mm512_setzero_si512();
-    for (int k = 0; k < 8; ++k) {
-      wv[k] = _mm512_loadu_si512(rec + 32 + 64 * k);
-      wsum = _mm512_dpbusd_epi32(wsum, ones, wv[k]);
-    }
-    const __m512i seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(wsum, 7));
-    const int64_t p = i / 2, h = i % 2;
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* c = x[t][p].qs + 32 * h;
-      __m512i s = seed;
-      for (int k = 0; k < 8; ++k) {
-        int32_t cd;
-        std::memcpy(&cd, c + 4 * k, 4);
-        s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(cd), wv[k]);
-      }
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x[t][p].d[8 * h])), acc[t]);
-    }
+    for (int k = 0; k < 8; ++k) wv[k] = _mm512_xor_si512(_mm512_loadu_si512(rec + 32 + 64 * k), k80);
+    r16_block<NT, 4>(wv, wd, x, i, acc);
   }
   store_tile<NT>(acc, out);
 }

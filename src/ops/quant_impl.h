@@ -133,9 +133,10 @@ constexpr int kMaxTileRows = 16;
 constexpr int kTileRows = 4;
 // A tile's activations for the 32-element types: each row of A32 blocks
 // re-laid once per call (TileActs), so that a token's operands cost the tile
-// nothing but loads. Q4_0's tile (16 rows in the lanes) takes TileBlocks:
-// per block the codes, the scale and the integer seed -8 * sum(codes) that
-// makes the tile's unsigned x signed product exact.
+// nothing but loads. Q4_0's tile (16 rows in the lanes) and the Q4_0_R16 and
+// Q8_0_R16 kernels take TileBlocks: per block the codes, the scale and the
+// integer seed -8 * sum(codes) that makes the tile's unsigned x signed
+// product exact (Q8_0_R16 shifts it to -128 * sum(codes)).
 struct TileBlock { float d; int32_t seed; int8_t qs[32]; };
 // Q8_0's tile (4 rows in the lanes of two blocks) takes TilePairs instead:
 // blocks 2p and 2p + 1 (the last alone when the count is odd, its second half
@@ -174,9 +175,9 @@ struct Kernels {
   uint8_t tile_rows[8] = {}, tile_rows1[8] = {};
   TileActs tile_acts = nullptr;
   // The _R16 types (core/dtype.h), by their stored type's index; the
-  // activations are the stored type's (the tile layout for Q4_0 and Q8_0,
-  // the A256 rows for Q4_K). Null where the level has none (run_rows then
-  // unpacks each group into stored rows).
+  // activations are the tile layout of tile_layout_type (TileBlocks for
+  // Q4_0_R16 and Q8_0_R16) or the A256 rows (Q4_K). Null where the level has
+  // none (run_rows then unpacks each group into stored rows).
   GroupDot tile_r16[8] = {};
   // Tokens per tile_r16 call, at most (<= kMaxGroupNT; 0: kMaxNT).
   uint8_t group_nt[8] = {};
@@ -188,6 +189,13 @@ constexpr DType kernel_type(DType t) {
 }
 // Index into Kernels' per-type tables (an _R16 type shares its stored type's).
 constexpr int kernel_index(DType t) { return int(kernel_type(t)) - int(DType::Q8_0); }
+// The type whose tile layout of the A32 rows a weight of type t is multiplied
+// with under the table k: Q8_0_R16's 16-row kernel reads Q4_0's TileBlocks
+// (the same A32 rows, Q4_0's re-lay); without that kernel its groups run as
+// Q8_0 rows, which take Q8_0's TilePairs. Any other type: its stored type.
+inline DType tile_layout_type(const Kernels& k, DType t) {
+  return t == DType::Q8_0_R16 && k.tile_r16[kernel_index(t)] ? DType::Q4_0 : kernel_type(t);
+}
 
 const Kernels& kernels_scalar();
 const Kernels& kernels_avx2();

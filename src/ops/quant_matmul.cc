@@ -74,7 +74,7 @@ class QuantX {
 
   // Quantises (and re-lays for the tile) each row in one parallel pass.
   void prepare(DType t) {
-    t = kernel_type(t);
+    t = tile_layout_type(kernels(), t);
     const bool k = uses_a256(t);
     const int ki = kernel_index(t);
     const Kernels& kn = kernels();
@@ -103,7 +103,7 @@ class QuantX {
   // The tiles of the 32-element types take their rows re-laid (TileActs);
   // the K types' tiles read the A256 rows as they are.
   static bool relaid(DType t) { return !uses_a256(t); }
-  // Callers pass the stored type (kernel_type) for an _R16 weight.
+  // Callers pass the layout's type (tile_layout_type) for an _R16 weight.
   const std::byte* tiled(DType t) const { return relaid(t) ? b_->tiled[size_t(kernel_index(t))].data() : data(t); }
   size_t tiled_stride(DType t) const { return relaid(t) ? tile_row_bytes(in_ / 32) : stride(t); }
 
@@ -151,10 +151,11 @@ void run_groups(const Kernels& k, const TensorView& w, const QuantX& qx, int64_t
     }
     return;
   }
-  // The activations as the stored type's tile takes them.
-  const bool tiled = k.tile[ki] != nullptr;
-  const std::byte* xq = tiled ? qx.tiled(base) : qx.data(base);
-  const size_t xs = tiled ? qx.tiled_stride(base) : qx.stride(base);
+  // The activations in the tile layout the kernel takes (tile_layout_type).
+  const DType lt = tile_layout_type(k, w.dtype);
+  const bool tiled = k.tile[kernel_index(lt)] != nullptr;
+  const std::byte* xq = tiled ? qx.tiled(lt) : qx.data(base);
+  const size_t xs = tiled ? qx.tiled_stride(lt) : qx.stride(base);
   const int64_t gnt = k.group_nt[ki] ? k.group_nt[ki] : kMaxNT;
   for (int64_t t0 = 0; t0 < n_tokens; t0 += gnt) {
     const int nt = int(std::min<int64_t>(gnt, n_tokens - t0));
