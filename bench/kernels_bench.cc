@@ -346,12 +346,12 @@ BENCHMARK(BM_ReadBandwidth)
 // product's GFLOP/s (quant_bench) is at most 2x this. kind 0: 512-bit
 // dpbusd; 1: 512-bit FMA (to see whether the two share their ports); 2: six
 // of each, interleaved; 3: the 12 dpbusd plus 6 independent vpmulld (Q4_K's
-// sub-block scales); 4: the 12 dpbusd plus 6 x (shift, and, int -> float
-// convert, fp32 add), the 16-row kernels' unpacking and conversion. Kinds 3
-// and 4 are written in assembly (the compiler moved and spilled registers
-// around them) and count only their dpbusd, so a rate below kind 0's is what
-// the other instructions take from the dpbusd. Runs only where AVX-512 VNNI
-// exists.
+// sub-block scales); 4: the 12 dpbusd plus 6 int -> float converts and 6 ands
+// (the 16-row kernels' conversion and unpacking); 5: the 12 dpbusd plus 6 x
+// (shift, and, convert, fp32 add), 24 such instructions. Kinds 3-5 are
+// written in assembly (the compiler moved and spilled registers around them)
+// and count only their dpbusd, so a rate below kind 0's is what the other
+// instructions take from the dpbusd. Runs only where AVX-512 VNNI exists.
 #if defined(__x86_64__)
 template <int kKind>
 __attribute__((target("avx512f,avx512vnni"))) int64_t vnni_chains(int64_t reps) {
@@ -388,6 +388,8 @@ __attribute__((target("avx512f,avx512vnni"))) int64_t vnni_chains(int64_t reps) 
   "vpdpbusd %%zmm20, %%zmm21, %%zmm6\n vpdpbusd %%zmm20, %%zmm21, %%zmm7\n"                          \
   "vpdpbusd %%zmm20, %%zmm21, %%zmm8\n vpdpbusd %%zmm20, %%zmm21, %%zmm9\n"                          \
   "vpdpbusd %%zmm20, %%zmm21, %%zmm10\n vpdpbusd %%zmm20, %%zmm21, %%zmm11\n"
+#define PTLLM_CVT_AND(r)                                                                            \
+  "vcvtdq2ps %%zmm22, %%zmm" #r "\n vpandd %%zmm22, %%zmm21, %%zmm" #r "\n"
 #define PTLLM_MIX(r)                                                                                \
   "vpsrld $1, %%zmm22, %%zmm" #r "\n vpandd %%zmm22, %%zmm" #r ", %%zmm" #r "\n"                   \
   "vcvtdq2ps %%zmm" #r ", %%zmm" #r "\n vaddps %%zmm22, %%zmm" #r ", %%zmm" #r "\n"
@@ -406,6 +408,13 @@ __attribute__((target("avx512f,avx512vnni"))) void port_mix(int kind, int64_t re
         :
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
           "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  else if (kind == 4)
+    __asm__ volatile("1:\n" PTLLM_D12 PTLLM_CVT_AND(12) PTLLM_CVT_AND(13) PTLLM_CVT_AND(14) PTLLM_CVT_AND(15)
+                         PTLLM_CVT_AND(16) PTLLM_CVT_AND(17) "dec %0\n jnz 1b\n"
+                     : "+r"(reps)
+                     :
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
   else
     __asm__ volatile("1:\n" PTLLM_D12 PTLLM_MIX(12) PTLLM_MIX(13) PTLLM_MIX(14) PTLLM_MIX(15) PTLLM_MIX(16)
                          PTLLM_MIX(17) "dec %0\n jnz 1b\n"
@@ -416,6 +425,7 @@ __attribute__((target("avx512f,avx512vnni"))) void port_mix(int kind, int64_t re
 }
 #undef PTLLM_D12
 #undef PTLLM_MIX
+#undef PTLLM_CVT_AND
 
 void BM_ComputePeak(benchmark::State& st) {
   if (!__builtin_cpu_supports("avx512vnni")) {
@@ -431,14 +441,14 @@ void BM_ComputePeak(benchmark::State& st) {
     else sink += kind == 0 ? vnni_chains<0>(kReps) : kind == 1 ? vnni_chains<1>(kReps) : vnni_chains<2>(kReps);
     benchmark::DoNotOptimize(sink);
   }
-  // Kinds 0-2: the 12 chained instructions; 3-4: their 12 dpbusd.
+  // Kinds 0-2: the 12 chained instructions; 3-5: their 12 dpbusd.
   const double instr = double(st.iterations()) * double(threads) * double(kReps) * 12;
   st.counters["Ginstr"] = benchmark::Counter(instr / 1e9, benchmark::Counter::kIsRate);
   // Multiply-adds: a 512-bit dpbusd does 64, a 512-bit FMA 16.
   st.counters["GMACs"] = benchmark::Counter(
       instr / 1e9 * (kind == 1 ? 16.0 : kind == 2 ? 40.0 : 64.0), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_ComputePeak)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2}})->ArgNames({"kind", "threads"})->UseRealTime();
+BENCHMARK(BM_ComputePeak)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 2}})->ArgNames({"kind", "threads"})->UseRealTime();
 #endif
 
 // memcpy: bytes_per_second counts the bytes copied (each is read once and written once).
