@@ -26,9 +26,8 @@ static_assert(kRowBlock % row_group(DType::Q4_0_R16) == 0 && kRowBlock % row_gro
 // Weight bytes x tokens below which a product runs on one thread (fork/join
 // costs a few microseconds).
 constexpr int64_t kParallelWork = int64_t(1) << 16;
-// Decode products reading more weight bytes than this stream them from DRAM
-// and take guided chunks (for_row_blocks); smaller ones (a 27M model's, from
-// the caches) keep the static split, one hand-out per thread.
+// Weight bytes x tokens from which a decode product takes guided chunks
+// (for_row_blocks says why): about where its weights stop fitting the caches.
 constexpr int64_t kGuidedWork = int64_t(2) << 20;
 
 void check_weight(const char* what, const TensorView& w, int64_t in) {
@@ -300,22 +299,24 @@ void qmatmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const floa
   // cache sets, were evicted before SwiGLU read them back, and its loads
   // missed (perf: silu_mul 4.5% of a 1B Q4_0 prefill, 54% of it on one load).
   // `up` stays untouched scratch then. Elementwise, so the same bits.
+  // One token's rows are contiguous in gate/up already and are computed there.
   const auto task = [&](int64_t p) {
     const int64_t o0 = p * kRowBlock, o1 = std::min(F, o0 + kRowBlock), nr = o1 - o0;
-    if (n_tokens == 1) {
-      run_rows(k, w_gate, qx, 1, gate + o0, F, nullptr, o0, o1);
-      run_rows(k, w_up, qx, 1, up + o0, F, nullptr, o0, o1);
-      silu_mul(gate + o0, up + o0, nr);
-      return;
+    float* g = gate + o0;
+    float* u = up + o0;
+    int64_t stride = F;
+    if (n_tokens > 1) {
+      thread_local uninit_vector<float> block;
+      if (block.size() < size_t(2 * n_tokens * kRowBlock)) block.resize(size_t(2 * n_tokens * kRowBlock));
+      g = block.data();
+      u = g + n_tokens * nr;
+      stride = nr;
     }
-    thread_local uninit_vector<float> block;
-    if (block.size() < size_t(2 * n_tokens * kRowBlock)) block.resize(size_t(2 * n_tokens * kRowBlock));
-    float* g = block.data();
-    float* u = g + n_tokens * nr;
-    run_rows(k, w_gate, qx, n_tokens, g, nr, nullptr, o0, o1);
-    run_rows(k, w_up, qx, n_tokens, u, nr, nullptr, o0, o1);
+    run_rows(k, w_gate, qx, n_tokens, g, stride, nullptr, o0, o1);
+    run_rows(k, w_up, qx, n_tokens, u, stride, nullptr, o0, o1);
     silu_mul(g, u, n_tokens * nr);
-    for (int64_t t = 0; t < n_tokens; ++t) std::memcpy(gate + t * F + o0, g + t * nr, size_t(nr) * sizeof(float));
+    if (n_tokens > 1)
+      for (int64_t t = 0; t < n_tokens; ++t) std::memcpy(gate + t * F + o0, g + t * nr, size_t(nr) * sizeof(float));
   };
   for_row_blocks(n_blocks, n_tokens, work, task);
 }
