@@ -61,31 +61,12 @@ using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, co
 using WeightedSumMultiFn = void (*)(const float* const*, int, const float*, int64_t, float* const*);
 
 #if PTLLM_X86
+using detail::hsum16x16;
 using detail::hsum8;
 
 // ---------- AVX-512: dot_rows, weighted_sum_rows ----------
 #pragma GCC push_options
 #pragma GCC target("avx512f,fma,f16c")
-
-// Lane j of the result = sum of the 16 lanes of a[j] (a transpose-and-add
-// tree: 45 shuffles/adds instead of 16 separate horizontal reductions).
-inline __m512 hsum16x16(__m512* a) {
-  __m512 w[8];
-  for (int j = 0; j < 8; ++j)
-    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
-  __m512 x[4];
-  for (int j = 0; j < 4; ++j) {
-    const __m512d l = _mm512_castps_pd(w[2 * j]), r = _mm512_castps_pd(w[2 * j + 1]);
-    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(l, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(l, r)));
-  }
-  // x[g]: 128-bit lane L holds keys 4g..4g+3's partial sums over columns of lane L.
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 // 16 keys' dot products with q (rows of hd = 16 * NC floats at k), reduced
 // together: scores[0..16).

@@ -83,13 +83,14 @@ inline float load1(const std::byte* row, int64_t i) {
   else return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
 }
 
-// The end of one (weight row o, x) dot product: the horizontal sum of the
-// vector accumulator, the scalar tail [in16, in), then the bias. matvec_rows
-// and matvec_rows_x4 both end every output here, so they give the same bits.
+// The end of one (weight row o, x) dot product: `s`, the horizontal sum of
+// the vector accumulator (detail::reduce16_tree's order; matvec_rows_x4 takes
+// 16 at once through hsum16x16, the same order), the scalar tail [in16, in),
+// then the bias. matvec_rows and matvec_rows_x4 both end every output here, so
+// they give the same bits.
 template <DType D>
-inline float finish_row(__m512 acc, const std::byte* wrow, const float* x, int64_t in16, int64_t in,
+inline float finish_row(float s, const std::byte* wrow, const float* x, int64_t in16, int64_t in,
                         const TensorView* bias, int64_t o) {
-  float s = _mm512_reduce_add_ps(acc);
   for (int64_t i = in16; i < in; ++i) s += load1<D>(wrow, i) * x[i];
   if (bias) s += bias->at_f32(o);
   return s;
@@ -123,7 +124,7 @@ void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView
       for (int64_t k = 0; k < kLine; k += 16) acc = _mm512_fmadd_ps(load16<D>(wr, i + k), _mm512_loadu_ps(x + i + k), acc);
     }
     for (; i < in16; i += 16) acc = _mm512_fmadd_ps(load16<D>(wr, i), _mm512_loadu_ps(x + i), acc);
-    y[o] = finish_row<D>(acc, wr, x, in16, in, bias, o);
+    y[o] = finish_row<D>(detail::reduce16_tree(acc), wr, x, in16, in, bias, o);
   }
 }
 
@@ -139,6 +140,7 @@ void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorV
   const size_t rb = storage_bytes(D, size_t(in));
   const int64_t in16 = in & ~int64_t(15);
   const float* xs[4] = {x, x + in, x + 2 * in, x + 3 * in};
+  constexpr int64_t kElemBytes = D == DType::F32 ? 4 : 2;
   int64_t o = r0;
   for (; o + 4 <= r1; o += 4) {
     const std::byte* wr[4];
@@ -147,6 +149,13 @@ void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorV
     for (int r = 0; r < 4; ++r)
       for (int t = 0; t < 4; ++t) a[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < in16; i += 16) {
+      // The first pass over a block (x rows 0..3) streams its weights from
+      // memory: prefetch as matvec_rows does, each row kMatvecPrefetch bytes
+      // ahead (rows are contiguous, so that is a later group's rows), once per
+      // line. Later passes find the block in L1 and these are no-ops.
+      if ((i * kElemBytes) % 64 == 0)
+        for (int r = 0; r < 4; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(wr[r]) + i * kElemBytes + kMatvecPrefetch, _MM_HINT_T0);
       const __m512 w0 = load16<D>(wr[0], i), w1 = load16<D>(wr[1], i), w2 = load16<D>(wr[2], i),
                    w3 = load16<D>(wr[3], i);
       for (int t = 0; t < 4; ++t) {
@@ -157,8 +166,13 @@ void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorV
         a[3][t] = _mm512_fmadd_ps(w3, xv, a[3][t]);
       }
     }
+    // The 16 sums in one tree (lane 4r + t = a[r][t]): at in = 256 the 16
+    // separate reductions had cost half as many instructions as the FMAs.
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, detail::hsum16x16(&a[0][0]));
     for (int t = 0; t < 4; ++t)
-      for (int r = 0; r < 4; ++r) y[t * out + o + r] = finish_row<D>(a[r][t], wr[r], xs[t], in16, in, bias, o + r);
+      for (int r = 0; r < 4; ++r)
+        y[t * out + o + r] = finish_row<D>(sums[4 * r + t], wr[r], xs[t], in16, in, bias, o + r);
   }
   if (o < r1)
     for (int t = 0; t < 4; ++t) matvec_rows<D>(w, xs[t], y + t * out, bias, o, r1);

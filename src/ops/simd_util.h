@@ -19,4 +19,39 @@ __attribute__((target("avx2,fma"), always_inline)) inline float hsum8(__m256 v) 
   return _mm_cvtss_f32(s);
 }
 
+// Lane j of the result = the sum of the 16 lanes of a[j], for 16 vectors at
+// once (a transpose-and-add tree: 45 shuffles and adds instead of 16 separate
+// reductions). Per vector the additions are, with e = a[j] and
+// P_L = (e[4L] + e[4L+2]) + (e[4L+1] + e[4L+3]) for each 128-bit lane L:
+// (P_0 + P_1) + (P_2 + P_3). reduce16_tree computes that order for one vector,
+// so a kernel that reduces 16 outputs at once and one that reduces them one by
+// one give the same bits (batch invariance of the decode products).
+__attribute__((target("avx512f"), always_inline)) inline __m512 hsum16x16(const __m512* a) {
+  __m512 w[8];
+  for (int j = 0; j < 8; ++j)
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  __m512 x[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512d l = _mm512_castps_pd(w[2 * j]), r = _mm512_castps_pd(w[2 * j + 1]);
+    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(l, r)), _mm512_castpd_ps(_mm512_unpackhi_pd(l, r)));
+  }
+  // x[g]: 128-bit lane L holds vectors 4g..4g+3's P_L.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The sum of the 16 lanes of v in hsum16x16's order (above); float addition
+// is commutative, so each step adds a lane to its partner either way round.
+__attribute__((target("avx512f"), always_inline)) inline float reduce16_tree(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));        // e0 + e2, e1 + e3
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));        // P_L
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));  // P_0 + P_1, P_2 + P_3
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_cvtss_f32(v);
+}
+
 }  // namespace ptllm::ops::detail
