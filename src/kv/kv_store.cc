@@ -113,6 +113,28 @@ class PlainStore : public KVStore {
       }
     }
   }
+  // The heads' rows share the slot layout (pieces), so each piece is one
+  // interleaved call over the m heads' rows.
+  void value_sum_heads(const int64_t* head, const float* const* staged, const float* const* p, int64_t len, int m,
+                       float* const* out) const override {
+    if (m < 1 || m > ops::kMultiQueries) fail("KV store: value_sum_heads over {} heads, expected 1..{}", m, ops::kMultiQueries);
+    for (int j = 0; j < m; ++j) std::fill(out[j], out[j] + head_dim_, 0.f);
+    if constexpr (D != DType::F32) {
+      ops::weighted_sum_rows_heads(p, staged, m, len, head_dim_, out);
+    } else {
+      SlotPiece pc[3];
+      const int np = pieces(0, len, pc);
+      for (int k = 0; k < np; ++k) {
+        const float* pk[ops::kMultiQueries];
+        const float* vk[ops::kMultiQueries];
+        for (int j = 0; j < m; ++j) {
+          pk[j] = p[j] + pc[k].slot;
+          vk[j] = data_.data() + (head[j] * capacity_ + pc[k].row) * head_dim_;
+        }
+        ops::weighted_sum_rows_heads(pk, vk, m, pc[k].n, head_dim_, out);
+      }
+    }
+  }
   size_t payload_bytes() const override { return size_t(len_ * n_heads_ * head_dim_) * sizeof(Elem); }
   void clear() override {
     KVStore::clear();
@@ -169,6 +191,11 @@ void KVStore::value_sum(int64_t head, const float* staged, const float* p, int64
 void KVStore::value_sum_multi(int64_t head, const float* staged, const float* const* p, const int64_t* len, int m,
                               float* const* out) const {
   for (int j = 0; j < m; ++j) value_sum(head, staged, p[j], len[j], out[j]);
+}
+
+void KVStore::value_sum_heads(const int64_t* head, const float* const* staged, const float* const* p, int64_t len,
+                              int m, float* const* out) const {
+  for (int j = 0; j < m; ++j) value_sum(head[j], staged[j], p[j], len, out[j]);
 }
 
 std::unique_ptr<KVStore> make_value_store(KVStorage s, int64_t n_heads, int64_t capacity, int64_t head_dim,

@@ -77,6 +77,12 @@ class KVStore {
   // loads among the queries (ops::weighted_sum_rows_multi).
   virtual void value_sum_multi(int64_t head, const float* staged, const float* const* p, const int64_t* len, int m,
                                float* const* out) const;
+  // value_sum(head[j], staged[j], p[j], len, out[j]) for j < m <= ops::kMultiQueries:
+  // one query's heads of different KV heads (a decode step), with identical
+  // results. The default calls value_sum per head; fp32/fp16/bf16 rows
+  // interleave the heads' sums (ops::weighted_sum_rows_heads).
+  virtual void value_sum_heads(const int64_t* head, const float* const* staged, const float* const* p, int64_t len,
+                               int m, float* const* out) const;
 
   // Bytes of live payload (codes / values of stored rows) and of scales+zeros.
   virtual size_t payload_bytes() const = 0;

@@ -247,38 +247,48 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   // thread either way, so the split does not change the result).
 #pragma omp parallel if (2 * n * s.n_heads * len * hd >= ops::parallel_min_work())
   {
-    // Up to kQ consecutive queries of one head per work item: their value
-    // sums share each value row's loads (value_sum_multi: each query's sum
-    // is its own, identical to value_sum's).
+    // A work item is up to kQ (query, head) pairs whose value sums run in one
+    // kernel call, each sum identical to value_sum's:
+    //  - several queries (a prefill chunk): kQ consecutive queries of one
+    //    head, sharing each value row's loads (value_sum_multi);
+    //  - one query (a decode step): kQ consecutive heads, whose FMA chains
+    //    interleave (one head's sum alone waits on the FMA latency at every
+    //    slot); heads of one KV group share rows as above, others go through
+    //    value_sum_heads.
     constexpr int kQ = ops::kMultiQueries;
+    const bool by_heads = n == 1;
     const int64_t sstride = transposed ? ld : std::max<int64_t>(len, 1);
     std::vector<float> qr(static_cast<size_t>(kQ * hd)), scores(static_cast<size_t>(kQ * sstride));
-    const int64_t n_blocks = (n + kQ - 1) / kQ;
+    const int64_t n_blocks = (n + kQ - 1) / kQ, n_head_blocks = (s.n_heads + kQ - 1) / kQ;
+    const int64_t n_items = by_heads ? n_head_blocks : n_blocks * s.n_heads;
 #pragma omp for schedule(static, 1)
-    for (int64_t bh = 0; bh < n_blocks * s.n_heads; ++bh) {
-      const int64_t i0 = (bh / s.n_heads) * kQ, h = bh % s.n_heads, kvh = h / group;
-      const int m = int(std::min<int64_t>(kQ, n - i0));
-      const HadamardRotation* rot = rotation(layer, kvh);
-      const float* kstage = k_staged ? kbuf_.data() + kvh * s.capacity * hd : nullptr;
-      const float* vstage = v_staged ? vbuf_.data() + kvh * s.capacity * hd : nullptr;
-      // Query i after its RoPE for run r (and M where keys are M R(pos) k).
-      const auto rotated_query = [&](int64_t i, int64_t r, float* dst) {
+    for (int64_t item = 0; item < n_items; ++item) {
+      // The item's pairs: query i0 + j of head h0 (+ j when by heads).
+      const int64_t i0 = by_heads ? 0 : (item / s.n_heads) * kQ, h0 = by_heads ? item * kQ : item % s.n_heads;
+      const int m = int(by_heads ? std::min<int64_t>(kQ, s.n_heads - h0) : std::min<int64_t>(kQ, n - i0));
+      const auto query_of = [&](int j) { return by_heads ? i0 : i0 + j; };
+      const auto head_of = [&](int j) { return by_heads ? h0 + j : h0; };
+      const auto kv_stage = [&](bool staged, const auto& buf, int64_t kvh) -> const float* {
+        return staged ? buf.data() + kvh * s.capacity * hd : nullptr;
+      };
+      // Query i of head h after its RoPE for run r (and M where keys are M R(pos) k).
+      const auto rotated_query = [&](int64_t i, int64_t h, int64_t r, float* dst) {
         std::copy_n(q + i * qstride + h * hd, hd, dst);
         rope_.apply(dst, 1, &qcos[size_t((i * nr + r) * half)], &qsin[size_t((i * nr + r) * half)]);
-        if (rot) rot->forward(dst);
+        if (const HadamardRotation* rot = rotation(layer, h / group)) rot->forward(dst);
       };
       if (transposed) {
-        // The block's queries together, per run, up to the last one's slots
-        // (columns past a query's own are never read: softmax stops at its
-        // len, value_sum_multi sees 0 there).
-        const int64_t li_max = first + i0 + m;
+        // (Several queries, so one head.) The block's queries together, per
+        // run, up to the last one's slots (columns past a query's own are
+        // never read: softmax stops at its len, value_sum_multi sees 0 there).
+        const int64_t li_max = first + i0 + m, kvh = h0 / group;
         const float* qp[kQ];
         float* sp[kQ];
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li_max);
           if (b >= e) break;
           for (int j = 0; j < m; ++j) {
-            rotated_query(i0 + j, r, qr.data() + j * hd);
+            rotated_query(i0 + j, h0, r, qr.data() + j * hd);
             qp[j] = qr.data() + j * hd;
             sp[j] = scores.data() + j * sstride + b;
           }
@@ -286,11 +296,11 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
         }
       }
       float* ps[kQ];
-      int64_t lens[kQ];
+      int64_t lens[kQ], kvhs[kQ];
       float* outs[kQ];
       int active = 0;
       for (int j = 0; j < m; ++j) {
-        const int64_t i = i0 + j;
+        const int64_t i = query_of(j), h = head_of(j), kvh = h / group;
         float* o = out + i * qstride + h * hd;
         float* sc = scores.data() + j * sstride;
         // Causal by slot: query i sees slots 0..first+i.
@@ -299,8 +309,8 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
           for (int64_t r = 0; r < nr; ++r) {
             const int64_t b = runs[size_t(r)].begin, e = std::min(runs[size_t(r)].end, li);
             if (b >= e) break;
-            rotated_query(i, r, qr.data());
-            ks.key_scores(kvh, kstage, qr.data(), b, e, kcos, ksin, scale, sc);
+            rotated_query(i, h, r, qr.data());
+            ks.key_scores(kvh, kv_stage(k_staged, kbuf_, kvh), qr.data(), b, e, kcos, ksin, scale, sc);
           }
         bool any = false;
         if (increasing) {
@@ -325,15 +335,22 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
         ops::softmax(sc, li);
         ps[active] = sc;
         lens[active] = li;
+        kvhs[active] = kvh;
         outs[active++] = o;
       }
       if (active == 0) continue;
-      // value_sum_multi reads every p over the longest len: 0 past a query's own.
+      // The value sums read every p over the longest len: 0 past a query's own.
       const int64_t longest = *std::max_element(lens, lens + active);
       for (int j = 0; j < active; ++j) std::fill(ps[j] + lens[j], ps[j] + longest, 0.f);
-      vs.value_sum_multi(kvh, vstage, ps, lens, active, outs);
-      if (rot)
-        for (int j = 0; j < active; ++j) rot->inverse(outs[j]);  // o = M^T (sum p_t M v_t)
+      if (std::all_of(kvhs, kvhs + active, [&](int64_t x) { return x == kvhs[0]; })) {
+        vs.value_sum_multi(kvhs[0], kv_stage(v_staged, vbuf_, kvhs[0]), ps, lens, active, outs);
+      } else {
+        const float* vstages[kQ];
+        for (int j = 0; j < active; ++j) vstages[j] = kv_stage(v_staged, vbuf_, kvhs[j]);
+        vs.value_sum_heads(kvhs, vstages, ps, longest, active, outs);
+      }
+      for (int j = 0; j < active; ++j)
+        if (const HadamardRotation* rot = rotation(layer, kvhs[j])) rot->inverse(outs[j]);  // o = M^T (sum p_t M v_t)
     }
   }
 }

@@ -58,7 +58,7 @@ using DotRowsFn = void (*)(const float*, const float*, int64_t, float, float*);
 using DotTransposedFn = void (*)(const float* const*, int, const float*, int64_t, int64_t, int64_t, float, float* const*);
 using WeightedSumFn = void (*)(const float*, const float*, int64_t, float*);
 using RotRowsFn = void (*)(const float*, const float*, int64_t, const float*, const float*, float, float*);
-using WeightedSumMultiFn = void (*)(const float* const*, int, const float*, int64_t, float* const*);
+using WeightedSumMultiFn = void (*)(const float* const*, int, const float* const*, int64_t, float* const*);
 
 #if PTLLM_X86
 using detail::hsum16x16;
@@ -123,23 +123,28 @@ void weighted_sum_rows_avx512(const float* p, const float* v, int64_t len, float
   }
   for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
-
-// M queries' weighted sums over the same rows, hd = 16 * NC: per query the
-// single-query kernel's operations in its order (a masked FMA is the skip of
-// a p == 0 key), so the results are identical to M calls of it.
-template <int NC, int M>
-void weighted_sum_multi_avx512(const float* const* p, const float* v, int64_t len, float* const* out) {
+// M queries' weighted sums, hd = 16 * NC: per query the single-query kernel's
+// operations in its order (a masked FMA is the skip of a p == 0 key), so the
+// results are identical to M calls of it. kShared: over the same value rows
+// v[0] (a prefill's queries of one head), loaded once per key for all M;
+// otherwise each over its own v[j] (a decode step's heads). Either way the M
+// queries' FMA chains interleave, where one query's chain alone waits on the
+// FMA latency at every key.
+template <int NC, int M, bool kShared>
+void weighted_sum_multi_avx512(const float* const* p, const float* const* v, int64_t len, float* const* out) {
   constexpr int64_t hd = 16 * NC;
   __m512 acc[M][NC];
   for (int j = 0; j < M; ++j)
     for (int c = 0; c < NC; ++c) acc[j][c] = _mm512_loadu_ps(out[j] + 16 * c);
   // One key: masked FMAs where a query's p is 0 (skipped), else plain ones.
   const auto key = [&](int64_t t, bool all_nonzero) {
-    const float* vt = v + t * hd;
     __m512 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(vt + 16 * c);
+    if constexpr (kShared)
+      for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(v[0] + t * hd + 16 * c);
 #pragma GCC unroll 4
     for (int j = 0; j < M; ++j) {
+      if constexpr (!kShared)
+        for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(v[j] + t * hd + 16 * c);
       const float pj = p[j][t];
       const __m512 pt = _mm512_set1_ps(pj);
       if (all_nonzero) {
@@ -168,14 +173,14 @@ void weighted_sum_multi_avx512(const float* const* p, const float* v, int64_t le
   for (int j = 0; j < M; ++j)
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[j] + 16 * c, acc[j][c]);
 }
-template <int NC>
-void weighted_sum_multi_avx512_m(const float* const* p, int m, const float* v, int64_t len, float* const* out) {
+template <int NC, bool kShared>
+void weighted_sum_multi_avx512_m(const float* const* p, int m, const float* const* v, int64_t len, float* const* out) {
   static_assert(kMultiQueries == 4, "the instantiations below");
   switch (m) {
-    case 1: return weighted_sum_rows_avx512<NC>(p[0], v, len, out[0]);
-    case 2: return weighted_sum_multi_avx512<NC, 2>(p, v, len, out);
-    case 3: return weighted_sum_multi_avx512<NC, 3>(p, v, len, out);
-    default: return weighted_sum_multi_avx512<NC, 4>(p, v, len, out);
+    case 1: return weighted_sum_rows_avx512<NC>(p[0], v[0], len, out[0]);
+    case 2: return weighted_sum_multi_avx512<NC, 2, kShared>(p, v, len, out);
+    case 3: return weighted_sum_multi_avx512<NC, 3, kShared>(p, v, len, out);
+    default: return weighted_sum_multi_avx512<NC, 4, kShared>(p, v, len, out);
   }
 }
 
@@ -375,11 +380,11 @@ WeightedSumFn weighted_sum_avx512_for(int64_t hd) {
 }
 // 4 queries x NC accumulators stay in registers up to head_dim 64; wider
 // heads take one query at a time.
-WeightedSumMultiFn weighted_sum_multi_avx512_for(int64_t hd) {
+WeightedSumMultiFn weighted_sum_multi_avx512_for(int64_t hd, bool shared) {
   switch (hd) {
-    case 16: return weighted_sum_multi_avx512_m<1>;
-    case 32: return weighted_sum_multi_avx512_m<2>;
-    case 64: return weighted_sum_multi_avx512_m<4>;
+    case 16: return shared ? weighted_sum_multi_avx512_m<1, true> : weighted_sum_multi_avx512_m<1, false>;
+    case 32: return shared ? weighted_sum_multi_avx512_m<2, true> : weighted_sum_multi_avx512_m<2, false>;
+    case 64: return shared ? weighted_sum_multi_avx512_m<4, true> : weighted_sum_multi_avx512_m<4, false>;
     default: return nullptr;
   }
 }
@@ -409,7 +414,7 @@ DotRowsFn dot_rows_avx2_for(int64_t) { return nullptr; }
 WeightedSumFn weighted_sum_avx2_for(int64_t) { return nullptr; }
 DotRowsFn dot_rows_avx512_for(int64_t) { return nullptr; }
 WeightedSumFn weighted_sum_avx512_for(int64_t) { return nullptr; }
-WeightedSumMultiFn weighted_sum_multi_avx512_for(int64_t) { return nullptr; }
+WeightedSumMultiFn weighted_sum_multi_avx512_for(int64_t, bool) { return nullptr; }
 RotRowsFn rot_rows_avx512_for(int64_t) { return nullptr; }
 RotRowsFn rot_rows_avx2_for(int64_t) { return nullptr; }
 #endif  // PTLLM_X86
@@ -431,9 +436,20 @@ void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, 
 void weighted_sum_rows_multi(const float* const* p, int m, const float* v, int64_t len, int64_t hd, float* const* out) {
   if (m > kMultiQueries) fail("weighted_sum_rows_multi: {} queries, at most {}", m, kMultiQueries);
   if (m > 1)
-    if (const WeightedSumMultiFn f = pick<WeightedSumMultiFn>(nullptr, nullptr, weighted_sum_multi_avx512_for(hd)))
-      return f(p, m, v, len, out);
+    if (const WeightedSumMultiFn f = pick<WeightedSumMultiFn>(nullptr, nullptr, weighted_sum_multi_avx512_for(hd, true))) {
+      const float* vs[kMultiQueries] = {v, v, v, v};
+      return f(p, m, vs, len, out);
+    }
   for (int j = 0; j < m; ++j) weighted_sum_rows(p[j], v, len, hd, out[j]);
+}
+
+void weighted_sum_rows_heads(const float* const* p, const float* const* v, int m, int64_t len, int64_t hd,
+                             float* const* out) {
+  if (m > kMultiQueries) fail("weighted_sum_rows_heads: {} queries, at most {}", m, kMultiQueries);
+  if (m > 1)
+    if (const WeightedSumMultiFn f = pick<WeightedSumMultiFn>(nullptr, nullptr, weighted_sum_multi_avx512_for(hd, false)))
+      return f(p, m, v, len, out);
+  for (int j = 0; j < m; ++j) weighted_sum_rows(p[j], v[j], len, hd, out[j]);
 }
 
 void dot_rows_transposed(const float* const* q, int m, const float* kt, int64_t ld, int64_t len, int64_t hd,

@@ -97,6 +97,11 @@ void weighted_sum_rows(const float* p, const float* v, int64_t len, int64_t hd, 
 // query's sum is one chain of 2 FMAs per key, bound by the FMA latency.
 constexpr int kMultiQueries = 4;
 void weighted_sum_rows_multi(const float* const* p, int m, const float* v, int64_t len, int64_t hd, float* const* out);
+// weighted_sum_rows(p[j], v[j], len, hd, out[j]) for j < m <= kMultiQueries,
+// bit for bit, each query over its own value rows (a decode step's heads of
+// different KV heads): the m FMA chains interleave.
+void weighted_sum_rows_heads(const float* const* p, const float* const* v, int m, int64_t len, int64_t hd,
+                             float* const* out);
 // Several queries against keys laid out transposed, for prefill: kt [hd, ld]
 // (key t is column t), scores[j][t] = scale * sum_d q[j][d] kt[d][t] for
 // j < m <= kMultiQueries and t < len, summed in d order (a product, then an

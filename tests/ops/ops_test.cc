@@ -307,6 +307,50 @@ TEST(Attention, WeightedSumMultiEqualsSingleSumsBitForBit) {
   }
 }
 
+// weighted_sum_rows_heads: each query over its own value rows (a decode step's
+// heads), equal bit for bit to one weighted_sum_rows per query, at every SIMD
+// level, with the same zeros and masked +inf row as above. A kernel that mixed
+// up two queries' rows or p, or summed in another order, fails here.
+TEST(Attention, WeightedSumHeadsEqualsSingleSumsBitForBit) {
+  SimdGuard g;
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
+    ops::set_simd_level(lv);
+    for (int hd : {8, 16, 32, 64, 128})
+      for (int len : {1, 5, 17, 300})
+        for (int m = 1; m <= ops::kMultiQueries; ++m)
+          for (bool dense : {false, true}) {
+            SCOPED_TRACE(fmt::format("{} hd={} len={} m={} dense={}", ops::simd_level_name(lv), hd, len, m, dense));
+            std::vector<std::vector<float>> v, p, o_one, o_heads;
+            for (int j = 0; j < m; ++j) {
+              v.push_back(randn(size_t(len * hd), 151 + uint64_t(j)));
+              p.push_back(randn(size_t(len), 160 + uint64_t(j)));
+              for (int t = j % 3; t < (dense ? std::min(len, 16) : len); t += 3 + j) p.back()[size_t(t)] = 0.f;
+              if (len > 4) {  // row 4 of each head: +inf, met only with p == 0
+                v.back()[size_t(4 * hd)] = INFINITY;
+                p.back()[4] = 0.f;
+              }
+              o_one.push_back(randn(size_t(hd), 170 + uint64_t(j)));
+              o_heads.push_back(o_one.back());
+            }
+            const float* pp[ops::kMultiQueries];
+            const float* vv[ops::kMultiQueries];
+            float* oo[ops::kMultiQueries];
+            for (int j = 0; j < m; ++j) {
+              ops::weighted_sum_rows(p[size_t(j)].data(), v[size_t(j)].data(), len, hd, o_one[size_t(j)].data());
+              pp[j] = p[size_t(j)].data();
+              vv[j] = v[size_t(j)].data();
+              oo[j] = o_heads[size_t(j)].data();
+            }
+            ops::weighted_sum_rows_heads(pp, vv, m, len, hd, oo);
+            for (int j = 0; j < m; ++j) {
+              EXPECT_EQ(std::memcmp(o_one[size_t(j)].data(), o_heads[size_t(j)].data(), size_t(hd) * sizeof(float)), 0)
+                  << "query " << j;
+              for (float x : o_heads[size_t(j)]) ASSERT_TRUE(std::isfinite(x));
+            }
+          }
+  }
+}
+
 // Attention primitives against the scalar reference (per-key dot_f32 / axpy),
 // head sizes with and without a SIMD path, lengths around the 16-key blocks.
 // Tolerance: 1e-5 of the sum of |terms| (different summation order).
