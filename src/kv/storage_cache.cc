@@ -1,6 +1,7 @@
 #include "kv/storage_cache.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -245,27 +246,33 @@ void StorageKVCache::attend(int64_t layer, const float* q, int64_t n, float* out
   // A decode step over a short cache is a few thousand: one thread, no
   // wake-up of the others (each (query, head) is computed whole by one
   // thread either way, so the split does not change the result).
-#pragma omp parallel if (2 * n * s.n_heads * len * hd >= ops::parallel_min_work())
+  const bool parallel = 2 * n * s.n_heads * len * hd >= ops::parallel_min_work();
+  // A work item is up to kQ (query, head) pairs whose value sums run in one
+  // kernel call, each sum identical to value_sum's:
+  //  - several queries (a prefill chunk): kQ consecutive queries of one head,
+  //    sharing each value row's loads (value_sum_multi);
+  //  - one query (a decode step): consecutive heads, whose FMA chains
+  //    interleave (one head's sum alone waits on the FMA latency at every
+  //    slot); heads of one KV group share rows as above, others go through
+  //    value_sum_heads. As many heads per item as keeps every thread of the
+  //    region busy, up to kQ: all kQ on one thread (a batched step runs each
+  //    sequence's attention on one thread inside its own region), one per
+  //    item where there are as many threads as heads.
+  constexpr int kQ = ops::kMultiQueries;
+  const bool by_heads = n == 1;
+  const int threads = parallel && !omp_in_parallel() ? std::max(omp_get_max_threads(), 1) : 1;
+  const int64_t heads_per_item = by_heads ? std::clamp<int64_t>(s.n_heads / threads, 1, kQ) : 1;
+  const int64_t n_items = by_heads ? (s.n_heads + heads_per_item - 1) / heads_per_item : (n + kQ - 1) / kQ * s.n_heads;
+#pragma omp parallel if (parallel)
   {
-    // A work item is up to kQ (query, head) pairs whose value sums run in one
-    // kernel call, each sum identical to value_sum's:
-    //  - several queries (a prefill chunk): kQ consecutive queries of one
-    //    head, sharing each value row's loads (value_sum_multi);
-    //  - one query (a decode step): kQ consecutive heads, whose FMA chains
-    //    interleave (one head's sum alone waits on the FMA latency at every
-    //    slot); heads of one KV group share rows as above, others go through
-    //    value_sum_heads.
-    constexpr int kQ = ops::kMultiQueries;
-    const bool by_heads = n == 1;
     const int64_t sstride = transposed ? ld : std::max<int64_t>(len, 1);
     std::vector<float> qr(static_cast<size_t>(kQ * hd)), scores(static_cast<size_t>(kQ * sstride));
-    const int64_t n_blocks = (n + kQ - 1) / kQ, n_head_blocks = (s.n_heads + kQ - 1) / kQ;
-    const int64_t n_items = by_heads ? n_head_blocks : n_blocks * s.n_heads;
 #pragma omp for schedule(static, 1)
     for (int64_t item = 0; item < n_items; ++item) {
       // The item's pairs: query i0 + j of head h0 (+ j when by heads).
-      const int64_t i0 = by_heads ? 0 : (item / s.n_heads) * kQ, h0 = by_heads ? item * kQ : item % s.n_heads;
-      const int m = int(by_heads ? std::min<int64_t>(kQ, s.n_heads - h0) : std::min<int64_t>(kQ, n - i0));
+      const int64_t i0 = by_heads ? 0 : (item / s.n_heads) * kQ;
+      const int64_t h0 = by_heads ? item * heads_per_item : item % s.n_heads;
+      const int m = int(by_heads ? std::min(heads_per_item, s.n_heads - h0) : std::min<int64_t>(kQ, n - i0));
       const auto query_of = [&](int j) { return by_heads ? i0 : i0 + j; };
       const auto head_of = [&](int j) { return by_heads ? h0 + j : h0; };
       const auto kv_stage = [&](bool staged, const auto& buf, int64_t kvh) -> const float* {
