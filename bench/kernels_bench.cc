@@ -19,6 +19,9 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#if defined(__x86_64__)
+#include "ops/simd_util.h"
+#endif
 #include "kv/cache_spec.h"
 #include "kv/grouped_store.h"
 #include "ops/kivi_kernels.h"
@@ -251,9 +254,10 @@ BENCHMARK(BM_Softmax)->Arg(256)->Arg(4096);
 
 // ---------- memory bandwidth ----------
 // Buffers of 53 MB (flagship's weights: fits the last-level cache), 512 MiB
-// and 1 GiB (do not). Args: bytes, threads, prefetch (bytes ahead that each
-// thread's stream is prefetched by software, as the decode kernels do; 0 =
-// the hardware prefetchers alone). The best 2-thread figure over the large
+// and 1 GiB (do not). Args: bytes, threads, prefetch (1 = each line through
+// detail::prefetch_stream, as the decode kernels do since session 21; 2048 or
+// 4096 = that many bytes ahead into L1 only, as they did before; 0 = the
+// hardware prefetchers alone). The best 2-thread figure over the large
 // buffers is "the measured read bandwidth" the decode goals are judged by.
 std::vector<float>& buffer(size_t bytes, int which) {
   static std::vector<float> bufs[2];
@@ -269,7 +273,9 @@ __attribute__((target("avx512f"))) float read_sum_avx512(const float* p, size_t 
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    if (prefetch) {
+    if (prefetch == 1) {
+      for (int l = 0; l < 4; ++l) ptllm::ops::detail::prefetch_stream(reinterpret_cast<const char*>(p + i) + 64 * l);
+    } else if (prefetch) {
       for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + i) + prefetch + 64 * l, _MM_HINT_T0);
     }
     a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
@@ -285,7 +291,9 @@ __attribute__((target("avx2"))) float read_sum_avx2(const float* p, size_t n, si
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    if (prefetch) {
+    if (prefetch == 1) {
+      for (int l = 0; l < 2; ++l) ptllm::ops::detail::prefetch_stream(reinterpret_cast<const char*>(p + i) + 64 * l);
+    } else if (prefetch) {
       for (int l = 0; l < 2; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + i) + prefetch + 64 * l, _MM_HINT_T0);
     }
     a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
@@ -336,7 +344,7 @@ void BM_ReadBandwidth(benchmark::State& st) {
   st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(bytes));
 }
 BENCHMARK(BM_ReadBandwidth)
-    ->ArgsProduct({{53 << 20, 512 << 20, 1 << 30}, {1, 2}, {0, 2048, 4096}})
+    ->ArgsProduct({{53 << 20, 512 << 20, 1 << 30}, {1, 2}, {0, 1, 2048, 4096}})
     ->ArgNames({"bytes", "threads", "prefetch"})
     ->UseRealTime();
 

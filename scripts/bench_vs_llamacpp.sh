@@ -23,7 +23,7 @@
 # of the prompt's last, as llama-bench and ours do; 0 times it without the output
 # layer, as this script did before session 15 (llamacpp_bench.mjs --logits).
 # BW=1 (default, when build/bench/kernels_bench exists) measures the DRAM read
-# bandwidth (ReadBandwidth, 1 GiB, THREADS threads, 2 KiB software prefetch as the
+# bandwidth (ReadBandwidth, 1 GiB, THREADS threads, software prefetch as the
 # decode kernels do) before each file in each round, so that "ours GB/s" has a
 # denominator taken minutes, not hours, from it: the table's "% of read" is ours
 # against the median of that file's bandwidth samples.
@@ -64,7 +64,7 @@ print(json.dumps({'engine': 'llama.cpp', 'key': sys.argv[1], 'round': int(sys.ar
 bandwidth() {  # a missing sample (no kernels_bench, a THREADS it has no case for) leaves the column "-"
   local kb="$BUILD/bench/kernels_bench" out
   [ "$BW" = 1 ] && [ -x "$kb" ] || return 0
-  out=$("$kb" --benchmark_filter="ReadBandwidth/bytes:1073741824/threads:$THREADS/prefetch:2048" --benchmark_min_time=0.5 \
+  out=$("$kb" --benchmark_filter="ReadBandwidth/bytes:1073741824/threads:$THREADS/prefetch:1" --benchmark_min_time=0.5 \
       --benchmark_format=json 2>/dev/null) || return 0
   echo "$out" | python3 -c "
 import json, sys; j = json.load(sys.stdin); b = j['benchmarks'][0]

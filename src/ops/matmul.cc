@@ -101,13 +101,10 @@ inline float finish_row(float s, const std::byte* wrow, const float* x, int64_t 
 // it is bound by the weight stream: rows run one after another (one
 // sequential stream per thread, which the prefetchers follow; 4 rows
 // interleaved measured 5-10% slower on the 1B shape), and software prefetch
-// runs kMatvecPrefetch bytes ahead of it (as the quantised kernels'
-// prefetch_ahead, quant_simd.inc), across page boundaries where the hardware
-// prefetchers stop. 4 KiB: 1B bf16 decode, 1 / 2 / 4 / 8 KiB alternated in
-// two rounds, 23.4-24.1 / 24.6-25.0 / 26.0-26.6 / 25.8-26.4 tokens/s
-// (docs/BENCHMARKS.md, "Session 12").
-constexpr int64_t kMatvecPrefetch = 4096;
-
+// (detail::prefetch_stream, as the quantised kernels) runs ahead of it across
+// page boundaries where the hardware prefetchers stop. Two accumulators per
+// row instead of one chain measured no faster (session 21): the stream, not
+// the FMA latency, is the bound.
 template <DType D>
 void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView* bias, int64_t r0, int64_t r1) {
   const int64_t in = w.cols();
@@ -116,11 +113,10 @@ void matvec_rows(const TensorView& w, const float* x, float* y, const TensorView
   constexpr int64_t kElemBytes = D == DType::F32 ? 4 : 2, kLine = 64 / kElemBytes;
   for (int64_t o = r0; o < r1; ++o) {
     const std::byte* wr = w.data + size_t(o) * rb;
-    const char* pf = reinterpret_cast<const char*>(wr) + kMatvecPrefetch;
     __m512 acc = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + kLine <= in16; i += kLine) {
-      _mm_prefetch(pf + i * kElemBytes, _MM_HINT_T0);
+      detail::prefetch_stream(reinterpret_cast<const char*>(wr) + i * kElemBytes);
       for (int64_t k = 0; k < kLine; k += 16) acc = _mm512_fmadd_ps(load16<D>(wr, i + k), _mm512_loadu_ps(x + i + k), acc);
     }
     for (; i < in16; i += 16) acc = _mm512_fmadd_ps(load16<D>(wr, i), _mm512_loadu_ps(x + i), acc);
@@ -150,12 +146,11 @@ void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorV
       for (int t = 0; t < 4; ++t) a[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < in16; i += 16) {
       // The first pass over a block (x rows 0..3) streams its weights from
-      // memory: prefetch as matvec_rows does, each row kMatvecPrefetch bytes
-      // ahead (rows are contiguous, so that is a later group's rows), once per
-      // line. Later passes find the block in L1 and these are no-ops.
+      // memory: prefetch as matvec_rows does, each row's line once (rows are
+      // contiguous, so that reaches a later group's rows). Later passes find
+      // the block in L1 and these are no-ops.
       if ((i * kElemBytes) % 64 == 0)
-        for (int r = 0; r < 4; ++r)
-          _mm_prefetch(reinterpret_cast<const char*>(wr[r]) + i * kElemBytes + kMatvecPrefetch, _MM_HINT_T0);
+        for (int r = 0; r < 4; ++r) detail::prefetch_stream(reinterpret_cast<const char*>(wr[r]) + i * kElemBytes);
       const __m512 w0 = load16<D>(wr[0], i), w1 = load16<D>(wr[1], i), w2 = load16<D>(wr[2], i),
                    w3 = load16<D>(wr[3], i);
       for (int t = 0; t < 4; ++t) {

@@ -301,12 +301,11 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     const size_t bo = size_t(i) * B;
     if constexpr (kPacked) {
       // One stream: the hardware prefetchers follow it; software prefetches
-      // of every line of the record 16 records (4.5 KiB) ahead keep it ahead
-      // across the 4 KiB page crossings (one line per 288-byte record at
-      // 2 KiB, before session 18, left 3 of 4.5 lines to the hardware).
+      // of every line of the record (prefetch_stream) keep it ahead across
+      // the 4 KiB page crossings (one line per 288-byte record, before
+      // session 18, left 3 of 4.5 lines to the hardware).
       if constexpr (NT == 1)
-        for (size_t l = 0; l < 16 * B; l += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(w + 16 * bo) + 16 * 16 * B + l, _MM_HINT_T0);
+        for (size_t l = 0; l < 16 * B; l += 64) detail::prefetch_stream(reinterpret_cast<const char*>(w + 16 * bo) + l);
     } else if constexpr (NT == 1)
       // One token is bound by the weight stream. The 16 rows are read side by
       // side, 18 or 34 bytes each per step, too many streams for the hardware
@@ -383,8 +382,8 @@ void tile16_q8_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb,
   const __m512i k80 = _mm512_set1_epi8(char(0x80));
   for (int64_t i = 0; i < nb; ++i) {
     const std::byte* rec = w + size_t(i) * kRec;
-    if constexpr (NT == 1)  // one token is bound by the weight stream: two records ahead
-      for (size_t l = 0; l < kRec; l += 64) _mm_prefetch(reinterpret_cast<const char*>(rec) + 2 * kRec + l, _MM_HINT_T0);
+    if constexpr (NT == 1)  // one token is bound by the weight stream
+      for (size_t l = 0; l < kRec; l += 64) detail::prefetch_stream(reinterpret_cast<const char*>(rec) + l);
     const __m512 wd = _mm512_cvtph_ps(load32(rec));
     __m512i wv[8];
     for (int k = 0; k < 8; ++k) wv[k] = _mm512_xor_si512(_mm512_loadu_si512(rec + 32 + 64 * k), k80);
@@ -427,8 +426,8 @@ void tile16k_t(const std::byte* w, const std::byte* xt, size_t xs, int64_t nb, c
                 kff = _mm512_set1_epi32(0xFF), k00ff = _mm512_set1_epi32(0x00FF00FF);
   for (int64_t i = 0; i < nb; ++i) {
     const std::byte* rec = w + size_t(i) * kRec;
-    if constexpr (NT == 1)  // one token is bound by the weight stream: the record after next
-      for (size_t l = 0; l < kRec; l += 64) _mm_prefetch(reinterpret_cast<const char*>(rec) + 2 * kRec + l, _MM_HINT_T0);
+    if constexpr (NT == 1)  // one token is bound by the weight stream
+      for (size_t l = 0; l < kRec; l += 64) detail::prefetch_stream(reinterpret_cast<const char*>(rec) + l);
     const __m512 d = _mm512_cvtph_ps(load32(rec)), dmin = _mm512_cvtph_ps(load32(rec + 32));
     const __m512i sa = _mm512_loadu_si512(rec + 64), sb = _mm512_loadu_si512(rec + 128),
                   sc = _mm512_loadu_si512(rec + 192);
