@@ -177,23 +177,55 @@ void matvec_rows_x4(const TensorView& w, const float* x, float* y, const TensorV
 // once, stored k-major ([in, kNR]) so one k step is two vector loads, and
 // reused by every token; a kMR x kNR tile of outputs lives in 16 registers.
 
-// panel[k * kNR + j] = W[o0 + j, k]; columns j >= nr are zero.
+// a[t] <- column t of the 16 x 16 block whose row j is a[j] (a 16 x 16 fp32
+// transpose in 64 shuffles: pairs of rows, then pairs of pairs within each
+// 128-bit lane, then the 4 x 4 transpose of the 128-bit lanes).
+inline void transpose16x16(__m512* a) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);      // lane L: r0[4L], r1[4L], r0[4L+1], r1[4L+1]
+    t[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);  // lane L: r0[4L+2], r1[4L+2], r0[4L+3], r1[4L+3]
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + c], lane L: rows 4i..4i+3 of column 4L + c
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]),
+                  t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4L + c = lane L of u[c], u[4 + c], u[8 + c], u[12 + c]
+    const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 x2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 x3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 2, 3, 2));
+    a[c] = _mm512_shuffle_f32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0));
+    a[4 + c] = _mm512_shuffle_f32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1));
+    a[8 + c] = _mm512_shuffle_f32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0));
+    a[12 + c] = _mm512_shuffle_f32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// panel[k * kNR + j] = W[o0 + j, k]; columns j >= nr are zero. 16 rows x 16
+// columns at a time through registers: the packing is a fixed cost per call
+// that a short prompt does not amortise (flagship-27m bf16, 16 tokens: 52% of
+// the prefill's samples when it stored one float at a time, session 21).
 template <DType D>
 void pack_panel(const TensorView& w, int64_t o0, int nr, float* panel) {
-  const int64_t in = w.cols();
+  const int64_t in = w.cols(), in16 = in & ~int64_t(15);
   const size_t rb = storage_bytes(D, size_t(in));
-  alignas(64) float tmp[16];
-  for (int j = 0; j < nr; ++j) {
-    const std::byte* row = w.data + size_t(o0 + j) * rb;
-    int64_t k = 0;
-    for (; k + 16 <= in; k += 16) {
-      _mm512_store_ps(tmp, load16<D>(row, k));
-      for (int t = 0; t < 16; ++t) panel[(k + t) * kNR + j] = tmp[t];
+  for (int j0 = 0; j0 < kNR; j0 += 16) {
+    const std::byte* row[16];
+    for (int j = 0; j < 16; ++j) row[j] = j0 + j < nr ? w.data + size_t(o0 + j0 + j) * rb : nullptr;
+    for (int64_t k = 0; k < in16; k += 16) {
+      __m512 a[16];
+      for (int j = 0; j < 16; ++j) a[j] = row[j] ? load16<D>(row[j], k) : _mm512_setzero_ps();
+      transpose16x16(a);
+      for (int t = 0; t < 16; ++t) _mm512_storeu_ps(panel + (k + t) * kNR + j0, a[t]);
     }
-    for (; k < in; ++k) panel[k * kNR + j] = load1<D>(row, k);
+    for (int64_t k = in16; k < in; ++k)
+      for (int j = 0; j < 16; ++j) panel[k * kNR + j0 + j] = row[j] ? load1<D>(row[j], k) : 0.f;
   }
-  for (int j = nr; j < kNR; ++j)
-    for (int64_t k = 0; k < in; ++k) panel[k * kNR + j] = 0.f;
 }
 
 // y[m, 0..nr) = x[m, :] · panel (+ bias) for m < M; x rows are ldx apart, y rows ldy.
@@ -313,6 +345,22 @@ std::pair<int64_t, int64_t> split(int64_t total, int tid, int nt, int64_t align)
   return {std::min(b, total), std::min(e, total)};
 }
 
+// Products over at most this many tokens take the batched-decode kernel
+// (matmul_rows: each 16-row weight block widened once per 4 tokens while it
+// sits in L1) instead of the blocked GEMM, whose packing of every weight into
+// fp32 panels is a fixed cost per call that few tokens do not amortise.
+// flagship-27m bf16, 2 threads, `bench -p P -n 0`, the two alternated
+// (docs/BENCHMARKS.md, "Session 21"): P = 4: GEMM 454-837 tokens/s, rows
+// 1,503-2,068; P = 32 about equal; P = 128 the GEMM ahead. PTLLM_ROWS_MAX=N
+// moves the limit (0: every multi-token product through the GEMM), for A/B runs.
+int64_t rows_max_tokens() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("PTLLM_ROWS_MAX");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(32);
+  }();
+  return n;
+}
+
 void check_matmul(const TensorView& w, const float* x, const float* y) {
   if (w.shape.size() != 2) fail("matmul: weight must be 2-D, got shape {}", shape_str(w.shape));
 }
@@ -351,6 +399,7 @@ void matmul_multi(const float* x, int64_t n_tokens, const MatmulJob* jobs, int n
     }
     return;
   }
+  if (n_tokens <= rows_max_tokens()) return matmul_rows(x, n_tokens, jobs, n_jobs);
   // Prefill: one task per (job, panel of kNR rows).
   std::vector<std::pair<int, int64_t>> tasks;
   int64_t rows = 0;
@@ -402,6 +451,7 @@ void matmul_swiglu(const TensorView& w_gate, const TensorView& w_up, const float
     }
     return;
   }
+  if (n_tokens <= rows_max_tokens()) return matmul_swiglu_rows(w_gate, w_up, x, n_tokens, gate, up);
   const int64_t n_panels = (F + kNR - 1) / kNR;
 #pragma omp parallel if (2 * F * in * n_tokens >= parallel_min_work())
   {

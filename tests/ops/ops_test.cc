@@ -165,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16),
                                             ::testing::Values(1, 5, 37, 64, 100),   // out rows
                                             ::testing::Values(7, 32, 67, 256),      // in
-                                            ::testing::Values(1, 2, 9, 21),         // tokens
+                                            ::testing::Values(1, 2, 9, 21, 33, 38), // tokens (> 32: the GEMM)
                                             ::testing::Bool()));
 
 TEST(Matmul, MultiAndSwigluEqualSeparateCalls) {
