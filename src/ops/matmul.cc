@@ -349,10 +349,12 @@ std::pair<int64_t, int64_t> split(int64_t total, int tid, int nt, int64_t align)
 // (matmul_rows: each 16-row weight block widened once per 4 tokens while it
 // sits in L1) instead of the blocked GEMM, whose packing of every weight into
 // fp32 panels is a fixed cost per call that few tokens do not amortise.
-// flagship-27m bf16, 2 threads, `bench -p P -n 0`, the two alternated
-// (docs/BENCHMARKS.md, "Session 21"): P = 4: GEMM 454-837 tokens/s, rows
-// 1,503-2,068; P = 32 about equal; P = 128 the GEMM ahead. PTLLM_ROWS_MAX=N
-// moves the limit (0: every multi-token product through the GEMM), for A/B runs.
+// flagship-27m bf16, 2 threads, `bench -p P -n 0`, old and new binary
+// alternated (docs/BENCHMARKS.md, "Session 21"): P = 4: 862 -> 3,109
+// tokens/s; P = 32: 2,007 -> 5,018 (4,376 -> 6,807 at -r 10); at 48-96 tokens
+// the two paths came within 0.59-1.38 of each other, so the GEMM keeps those.
+// PTLLM_ROWS_MAX=N moves the limit (0: every multi-token product through the
+// GEMM), for A/B runs.
 int64_t rows_max_tokens() {
   static const int64_t n = [] {
     const char* e = std::getenv("PTLLM_ROWS_MAX");

@@ -141,9 +141,9 @@ void tile512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, in
   };
   const int64_t pairs_end = nb & ~int64_t(1);
   for (int64_t i = 0; i < pairs_end; i += 2) {
-    // One token per pass is bound by the weight stream (prefetch_ahead).
+    // One token per pass is bound by the weight stream (detail::prefetch_stream).
     if constexpr (NT == 1)
-      for (int r = 0; r < NR; ++r) prefetch_ahead(b[r] + i);
+      for (int r = 0; r < NR; ++r) detail::prefetch_stream(b[r] + i);
     step.template operator()<false>(i);
   }
   if (nb & 1) step.template operator()<true>(pairs_end);
@@ -309,8 +309,8 @@ void tile16_t(const std::byte* w, size_t ws, int nr, const std::byte* xt, size_t
     } else if constexpr (NT == 1)
       // One token is bound by the weight stream. The 16 rows are read side by
       // side, 18 or 34 bytes each per step, too many streams for the hardware
-      // prefetchers, and a row is often shorter than prefetch_ahead's
-      // distance; the next 16 rows (the next row block of the same thread
+      // prefetchers, and a row is often shorter than prefetch_stream's
+      // distances; the next 16 rows (the next row block of the same thread
       // under a static schedule) are prefetched instead, 1/nb of them per
       // step. Prefetching past the matrix's end faults nothing.
       for (size_t l = size_t(i) * pf_step; l < size_t(i + 1) * pf_step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
@@ -635,7 +635,7 @@ void tilek512_t(const std::byte* w, size_t ws, const std::byte* xt, size_t xs, i
     // A super-block spans 3-4 cache lines; every pass prefetches (the K
     // types' prefill gained from it too, quant_simd.inc).
     for (int k = 0; k < NR; ++k)
-      for (int l = 0; l < int(sizeof(B)); l += 64) prefetch_ahead(r[k] + size_t(i) * sizeof(B) + l);
+      for (int l = 0; l < int(sizeof(B)); l += 64) detail::prefetch_stream(r[k] + size_t(i) * sizeof(B) + l);
     tilek512_row<D, NT>(r[0], x, i, a00, a01, a02, a03);
     if constexpr (NR > 1) tilek512_row<D, NT>(r[1], x, i, a10, a11, a12, a13);
     if constexpr (NR > 2) tilek512_row<D, NT>(r[2], x, i, a20, a21, a22, a23);

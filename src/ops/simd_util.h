@@ -12,16 +12,20 @@
 namespace ptllm::ops::detail {
 
 // Software prefetch of a weight stream: a decode kernel calls it once per
-// 64-byte line of weights as it reaches the line. Two requests: into L1
-// kPrefetchNear ahead (what the kernels did alone before session 21), and
-// into L2 kPrefetchFar ahead, so that more lines are in flight than L1's miss
-// buffers allow and the stream keeps going across 4 KiB pages, where the
-// hardware prefetchers stop. One token's pass has ~1 multiply per weight byte
-// and waits on the stream. Measured on the 1B shape (bench -p 0 -n 32,
-// variants alternated per round, docs/BENCHMARKS.md "Session 21"): bf16
-// 4 KiB L1-only 11.9-15.1 tokens/s, near + far 15.5-25.6 in every round;
-// Q4_0, Q8_0 and Q4_K alike gained 5-40% in most rounds. Prefetch changes no
-// result; prefetching past an allocation's end faults nothing.
+// 64-byte line of weights as it reaches the line. One token's pass has ~1
+// multiply per weight byte and waits on the stream; the hardware prefetchers
+// alone left two cores at ~45% of the DRAM read bandwidth on the 1B-shape
+// Q4_0/Q4_K models (session 9, when 2 KiB ahead into L1 gained Q4_K 16-24%,
+// Q4_0 11-44% and Q8_0 5-24% in most pairs). Two requests: into L1
+// kPrefetchNear ahead, and into L2 kPrefetchFar ahead, so that more lines are
+// in flight than L1's miss buffers allow and the stream keeps going across
+// 4 KiB pages, where the hardware prefetchers stop. Old (L1 only, 1.1-4.6 KiB
+// by kernel) and new binary alternated, 1B shape, `bench -p 0 -n 32`
+// (docs/BENCHMARKS.md "Session 21"): bf16 12.7-14.0 -> 15.1-22.1 tokens/s,
+// Q8_0 25.0-28.0 -> 27.9-30.1, Q4_K and Q4_0 within the rounds' spread.
+// Multi-token passes are compute-bound: only the K types (whose prefill gained
+// 4-5%) prefetch there. Prefetch changes no result; prefetching past an
+// allocation's end faults nothing.
 constexpr long kPrefetchNear = 2048, kPrefetchFar = 8192;
 inline __attribute__((always_inline)) void prefetch_stream(const void* line) {
   const char* p = static_cast<const char*>(line);
