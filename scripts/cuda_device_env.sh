@@ -4,7 +4,10 @@
 # path (loaded at run time: the toolkit's, else the one PyTorch's wheels bring) and sets
 # B, CUB, PTLLM_CUBLAS and LD_LIBRARY_PATH; device_preamble for the scripts that run tests.
 B=prebuilt
-[ -d $B/lib ] || tar xzf $B/lib.tar.gz -C $B
+# (lib.tar.xz where the carried folder needs the smaller file.)
+if [ ! -d $B/lib ]; then
+  if [ -f $B/lib.tar.xz ]; then tar xJf $B/lib.tar.xz -C $B; else tar xzf $B/lib.tar.gz -C $B; fi
+fi
 # The binaries may travel packed too (bin.tar.xz: the carried folder is limited to 64 MiB).
 [ -f $B/bin.tar.xz ] && [ ! -x $B/posttrainllm ] && tar xJf $B/bin.tar.xz -C $B
 CUB=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null | head -1)

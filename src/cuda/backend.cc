@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -304,7 +305,18 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   check(cudaMemcpyAsync(staged ? pinned_ : logits, lg, size_t(n_out) * 4, cudaMemcpyDeviceToHost, s), "logits");
   check(cudaStreamSynchronize(s), "forward");
   check(cudaGetLastError(), "kernel");
-  if (staged) std::memcpy(logits, pinned_, size_t(n_out) * 4);
+  // Out of the page-locked buffer in pieces across threads for large copies (a batch
+  // of 64 at a 128K vocabulary is 33 MB: several ms on one thread; docs/CUDA.md,
+  // "Session 22"), in one memcpy for a single sequence's row.
+  if (staged) {
+    constexpr int64_t kPiece = int64_t(1) << 18;  // floats (1 MiB)
+    const int64_t pieces = (n_out + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (pieces >= 4)
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t a = p * kPiece, e = std::min(n_out, a + kPiece);
+      std::memcpy(logits + a, pinned_ + a, size_t(e - a) * 4);
+    }
+  }
   for (int64_t b = 0; b < n_caches; ++b) caches[b]->end_step(batch ? 1 : n);
 }
 

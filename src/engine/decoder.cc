@@ -3,20 +3,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 
 #include "core/error.h"
+#include "core/finite.h"
 
 namespace ptllm {
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A NaN/Inf in the logits would otherwise be sampled silently (the sampler
-// then picks an arbitrary id); one pass over [vocab] per step is cheap next
-// to the forward itself. `position` is that of the token just run.
 void check_finite(const float* logits, int64_t vocab, int64_t position) {
-  for (int64_t i = 0; i < vocab; ++i)
-    if (!std::isfinite(logits[i])) fail("non-finite logits at position {}", position);
+  require_finite_logits(logits, vocab, position);
 }
 }  // namespace
 
@@ -94,13 +92,27 @@ void step_batch(std::span<Decoder* const> seqs, std::span<const int32_t> ids) {
   logits.resize(size_t(B * V));
   model.forward_batch(ids.data(), B, caches.data(), logits.data());
   const double s = since(t0);
+  // Each sequence's row into its decoder and checked, the rows split across threads:
+  // at batch 64 and a 128K vocabulary that is 33 MB to copy and check per step, which
+  // on one thread was a sizeable part of a GPU batch step (docs/CUDA.md, "Session 22").
+  // Every row is its own work, so no result depends on the split.
+  // (`rows`, not `logits`, inside the loop: the worker threads have thread_locals of their own.)
+  const float* const rows = logits.data();
+  std::exception_ptr err;
+#pragma omp parallel for schedule(static) if (B * V >= (int64_t(1) << 20))
   for (int64_t b = 0; b < B; ++b) {
-    Decoder& d = *seqs[size_t(b)];
-    std::copy_n(logits.data() + b * V, V, d.logits_.data());
-    check_finite(d.logits_.data(), V, d.cache_->position() - 1);
-    d.timing_.decode_tokens += 1;
-    d.timing_.decode_seconds += s;
+    try {
+      Decoder& d = *seqs[size_t(b)];
+      std::copy_n(rows + b * V, V, d.logits_.data());
+      check_finite(d.logits_.data(), V, d.cache_->position() - 1);
+      d.timing_.decode_tokens += 1;
+      d.timing_.decode_seconds += s;
+    } catch (...) {
+#pragma omp critical(ptllm_step_batch_error)
+      if (!err) err = std::current_exception();
+    }
   }
+  if (err) std::rethrow_exception(err);
 }
 
 }  // namespace ptllm

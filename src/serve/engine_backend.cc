@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/finite.h"
 #include "model/device_cache.h"
 #include <nlohmann/json.hpp>
 
@@ -141,8 +142,7 @@ class EngineSequence : public Sequence {
 
 // A NaN/Inf would otherwise be sampled as an arbitrary id.
 void check_finite(const std::vector<float>& logits, int64_t position) {
-  for (float x : logits)
-    if (!std::isfinite(x)) fail("non-finite logits at position {}", position);
+  require_finite_logits(logits.data(), int64_t(logits.size()), position);
 }
 
 // Memo key: every field that changes the cache's size.

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/finite.h"
+#include "engine/decoder.h"
 #include "engine/session.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -254,8 +256,8 @@ TEST(Regression, ShardedIndexRejectsPathsAndMissingTensors) {
 // A micro .tinygpt (vocab 8, d_model 4, one layer) whose embedding rows are
 // NaN except token 1's, and whose output projection is zero: a prompt of
 // token 1 gives all-zero logits, any other token NaN ones.
-std::string nan_model() {
-  const int V = 8, D = 4, H = 2, KV = 1, HD = 2, F = 4;
+std::string nan_model(int V = 8) {
+  const int D = 4, H = 2, KV = 1, HD = 2, F = 4;
   static std::vector<std::vector<float>> keep;
   auto t = [&](std::vector<float> v) {
     keep.push_back(std::move(v));
@@ -322,6 +324,67 @@ TEST(Regression, NonFiniteLogitsDuringDecodeThrow) {
   ASSERT_EQ(got.size(), 1u);  // the token sampled from the finite prefill logits
   EXPECT_NE(got[0], 1);
   std::remove(path.c_str());
+}
+
+// The batched decode step checks every sequence's row: the sequence fed token 3
+// (NaN embedding) fails, whichever row it is, and a batch of finite rows passes.
+// Vocabulary 8 (3 rows: one thread) and 16,384 (64 rows: B x V = 2^20 floats, where
+// step_batch splits the rows across threads).
+TEST(Regression, NonFiniteLogitsInABatchStepThrow) {
+  for (const auto& [V, B] : {std::pair{8, 3}, std::pair{16384, 64}}) {
+    SCOPED_TRACE(testing::Message() << "vocab " << V << ", batch " << B);
+    const std::string path = nan_model(V);
+    LoadedModel lm = load(path);
+    const auto batch = [&](std::vector<std::unique_ptr<Decoder>>& ds) {
+      std::vector<Decoder*> ptrs;
+      for (int b = 0; b < B; ++b) {
+        ds.push_back(std::make_unique<Decoder>(*lm.model, make_default_cache(*lm.model, 8)));
+        ptrs.push_back(ds.back().get());
+      }
+      return ptrs;
+    };
+    for (int bad_row : {0, B / 2 + 1, B - 1}) {
+      std::vector<std::unique_ptr<Decoder>> ds;
+      const std::vector<Decoder*> ptrs = batch(ds);
+      std::vector<int32_t> ids(size_t(B), 1);
+      ids[size_t(bad_row)] = 3;
+      expect_error([&] { step_batch(ptrs, ids); }, "non-finite logits at position 0");
+    }
+    std::vector<std::unique_ptr<Decoder>> ds;
+    const std::vector<Decoder*> ptrs = batch(ds);
+    step_batch(ptrs, std::vector<int32_t>(size_t(B), 1));
+    for (const auto& d : ds) {
+      ASSERT_EQ(d->logits(), std::vector<float>(size_t(V), 0.f));
+      EXPECT_EQ(d->timing().decode_tokens, 1);
+    }
+    std::remove(path.c_str());
+  }
+}
+
+// all_finite (the logits check) finds a NaN or an infinity at any place of a row,
+// including the tail its vectorised loop leaves, and passes the extreme finite values.
+TEST(Regression, AllFiniteFindsEveryNonFiniteValue) {
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::signaling_NaN()};
+  const float good[] = {std::numeric_limits<float>::max(), std::numeric_limits<float>::lowest(),
+                        std::numeric_limits<float>::denorm_min(), -0.f, 0.f};
+  for (int64_t n : {1, 7, 16, 33, 1000}) {
+    std::vector<float> x(size_t(n), 1.f);
+    EXPECT_TRUE(all_finite(x.data(), n));
+    for (int64_t p : {int64_t(0), n / 2, n - 1}) {
+      for (float g : good) {
+        x[size_t(p)] = g;
+        EXPECT_TRUE(all_finite(x.data(), n)) << "n " << n << " at " << p << " value " << g;
+      }
+      for (float b : bad) {
+        x[size_t(p)] = b;
+        EXPECT_FALSE(all_finite(x.data(), n)) << "n " << n << " at " << p << " value " << b;
+      }
+      x[size_t(p)] = 1.f;
+    }
+  }
+  EXPECT_TRUE(all_finite(nullptr, 0));
 }
 
 // The check does not fire on a healthy model (stories260K, 64 tokens).
