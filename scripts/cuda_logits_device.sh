@@ -15,7 +15,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PART=${PART:-all}; ROUNDS=${ROUNDS:-3}; LAYERS=${LAYERS:-16}; GEN=${GEN:-32}
 . "$(dirname "$0")/cuda_device_env.sh"  # B, cuBLAS, LD_LIBRARY_PATH, device_preamble
 device_preamble
-mkdir -p old && tar xJf $B/bin-old.tar.xz -C old
+if [ "$PART" = all ] || [ "$PART" = ab ]; then
+  [ -f $B/bin-old.tar.xz ] || { echo "PART=$PART needs $B/bin-old.tar.xz (the previous build's posttrainllm)"; exit 1; }
+  mkdir -p old && tar xJf $B/bin-old.tar.xz -C old
+fi
 if [ "$PART" = all ] || [ "$PART" = tests ]; then
   echo "== tests"
   timeout 300 $B/cuda_backend_test --gtest_color=no 2>&1 | filter | tee "$OUT/tests.txt" |
