@@ -12,10 +12,6 @@ namespace ptllm {
 namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-void check_finite(const float* logits, int64_t vocab, int64_t position) {
-  require_finite_logits(logits, vocab, position);
-}
 }  // namespace
 
 int64_t CacheState::max_stored() const { return stored.empty() ? 0 : *std::max_element(stored.begin(), stored.end()); }
@@ -56,7 +52,7 @@ void Decoder::prefill(std::span<const int32_t> ids, const ChunkLogits& on_chunk,
     }
     off += chunk;
   }
-  check_finite(logits_.data(), V, cache_->position() - 1);
+  require_finite_logits(logits_.data(), V, cache_->position() - 1);
   timing_.prefill_tokens += n;
   timing_.prefill_seconds += since(t0);
 }
@@ -65,7 +61,7 @@ const std::vector<float>& Decoder::step(int32_t id) {
   if (!can_step()) fail("the cache ({}) is full after {} tokens", cache_->describe(), cache_->position());
   const auto t0 = Clock::now();
   model_.forward(&id, 1, *cache_, logits_.data(), /*all_logits=*/false);
-  check_finite(logits_.data(), int64_t(logits_.size()), cache_->position() - 1);
+  require_finite_logits(logits_.data(), int64_t(logits_.size()), cache_->position() - 1);
   timing_.decode_tokens += 1;
   timing_.decode_seconds += since(t0);
   return logits_;
@@ -104,7 +100,7 @@ void step_batch(std::span<Decoder* const> seqs, std::span<const int32_t> ids) {
     try {
       Decoder& d = *seqs[size_t(b)];
       std::copy_n(rows + b * V, V, d.logits_.data());
-      check_finite(d.logits_.data(), V, d.cache_->position() - 1);
+      require_finite_logits(d.logits_.data(), V, d.cache_->position() - 1);
       d.timing_.decode_tokens += 1;
       d.timing_.decode_seconds += s;
     } catch (...) {

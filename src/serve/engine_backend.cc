@@ -140,11 +140,6 @@ class EngineSequence : public Sequence {
   size_t pool_bytes = 0;
 };
 
-// A NaN/Inf would otherwise be sampled as an arbitrary id.
-void check_finite(const std::vector<float>& logits, int64_t position) {
-  require_finite_logits(logits.data(), int64_t(logits.size()), position);
-}
-
 // Memo key: every field that changes the cache's size.
 std::string options_key(const CacheSpec& o) { return o.canonical().to_json().dump(); }
 
@@ -224,7 +219,7 @@ class EngineBackend : public Backend {
       s.fed += size_t(n);
       left -= n;
     }
-    if (s.prefilled()) check_finite(s.logits, s.cache->position() - 1);
+    if (s.prefilled()) require_finite_logits(s.logits.data(), int64_t(s.logits.size()), s.cache->position() - 1);
   }
 
   // Short prompts (at most 16 tokens, and within one chunk) are fed
@@ -296,7 +291,7 @@ class EngineBackend : public Backend {
         if (const int64_t row = batch_row_[size_t(i)]; row >= 0) {
           const size_t vocab = s.logits.size();
           std::copy_n(batch_logits_.data() + size_t(row) * vocab, vocab, s.logits.data());
-          check_finite(s.logits, s.cache->position() - 1);
+          require_finite_logits(s.logits.data(), int64_t(s.logits.size()), s.cache->position() - 1);
         }
         s.pending = s.sampler.sample(s.logits);
         out[size_t(i)] = s.pending;
@@ -324,7 +319,7 @@ class EngineBackend : public Backend {
         s.fed = t + 1;
         if (s.prefilled()) {
           std::copy_n(batch_logits_.data() + r * vocab, vocab, s.logits.data());
-          check_finite(s.logits, s.cache->position() - 1);
+          require_finite_logits(s.logits.data(), int64_t(s.logits.size()), s.cache->position() - 1);
         }
       }
     }
