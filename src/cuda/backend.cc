@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -18,12 +21,17 @@
 #include "cuda/gemm.h"
 #include "cuda/gpu_cache.h"
 #include "cuda/kernels.h"
+#include "cuda/probe.h"
 #include "kv/cache_spec.h"
 #include "model/device_cache.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
 namespace ptllm::cuda {
+
+namespace {
+std::atomic<int64_t> g_captured{0}, g_replayed{0}, g_direct{0};  // testing::graph_counts
+}  // namespace
 
 struct GpuLayer {
   std::shared_ptr<DevBuf> wq, wk, wv, wo, gate, up, down, attn_norm, ffn_norm, bq, bk, bv;
@@ -34,6 +42,7 @@ class Engine {
  public:
   Engine(const Model& m, WeightType wt);
   ~Engine() {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (pinned_) cudaFreeHost(pinned_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -46,6 +55,12 @@ class Engine {
 
  private:
   std::shared_ptr<DevBuf> upload(const TensorView& t, bool matrix);
+  // Runs enqueue's launches on s as the decode graph: replays the last one when key equals
+  // the key it was captured with, else captures them (updating the last graph in place when
+  // only arguments changed, instantiating a new one otherwise). False when graphs cannot be
+  // used here (capture refused): they are then off for this engine, and nothing was launched.
+  template <class F>
+  bool run_graph(const std::vector<int64_t>& key, F&& enqueue, cudaStream_t s);
   // y[M, N] (+)= x W^T + bias: the GEMV kernel, or a cuBLAS GEMM (no bias) when gemm_ is set for
   // this step (run: gemm_rows_ rows or more, and fp32 weights or a decode batch).
   void linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
@@ -62,6 +77,10 @@ class Engine {
   // kPinnedFloats (64 MiB: a batch of 64 at a 128K vocabulary); larger copies go direct.
   static constexpr int64_t kPinnedFloats = int64_t(1) << 24;
   bool use_pinned_ = true;  // PTLLM_CUDA_PINNED=0: copy the logits to the caller's memory directly
+  // Decode steps (one token per sequence, GEMV path) as a replayed CUDA graph: PTLLM_CUDA_GRAPH=1.
+  bool use_graph_ = false;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  std::vector<int64_t> graph_key_;  // what graph_exec_ was captured with
   float* pinned_ = nullptr;
   int64_t pinned_floats_ = 0;
   BatchAttend batch_;
@@ -119,6 +138,11 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   // does (bit-identical where both split K alike: tests/cuda, FusedGemvMatchesSeparateLaunches).
   fuse_ = env_int("PTLLM_CUDA_FUSE", 1) != 0;
   use_pinned_ = env_int("PTLLM_CUDA_PINNED", 1) != 0;
+  // PTLLM_CUDA_GRAPH=1: decode steps replay a captured graph instead of launching their ~9
+  // kernels per layer one by one. Off by default: written in session 23 with no GPU to run
+  // it on, so neither its correctness test nor its speed has been run yet (docs/CUDA.md,
+  // Session 23); scripts/cuda_graph_device.sh does both.
+  use_graph_ = env_int("PTLLM_CUDA_GRAPH", 0) != 0;
   if (gemm_rows_ > 0) gemm_ = Gemm::get();
   const TensorView& emb = m.tensors().get("model.embed_tokens.weight");
   if (wt == WeightType::Auto)
@@ -178,6 +202,57 @@ void Engine::linear(const DevBuf& W, const float* x, const DevBuf* bias, float* 
   k::gemv(we_, W.p, x, bias ? bias->f() : nullptr, y, M, N, K, acc, s);
 }
 
+template <class F>
+bool Engine::run_graph(const std::vector<int64_t>& key, F&& enqueue, cudaStream_t s) {
+  if (graph_exec_ && key == graph_key_) {
+    check(cudaGraphLaunch(graph_exec_, s), "decode graph launch");
+    ++g_replayed;
+    return true;
+  }
+  // Nothing runs while the stream captures: the launches are recorded, then run as the graph.
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (e == cudaSuccess) {
+    try {
+      enqueue();
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(s, &g);
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(s, &g);
+    // The same kernels in the same order with other arguments (a longer sequence, another
+    // buffer): updated in place; another topology (a split more, a combine launch): anew.
+    if (e == cudaSuccess && graph_exec_) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(graph_exec_, g, &info) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaGraphExecDestroy(graph_exec_);
+        graph_exec_ = nullptr;
+      }
+    }
+    if (e == cudaSuccess && !graph_exec_) e = cudaGraphInstantiate(&graph_exec_, g, 0);
+    if (g) cudaGraphDestroy(g);
+  }
+  if (e != cudaSuccess) {
+    // E.g. a driver that cannot capture programmatic dependent launches: launch directly.
+    (void)cudaGetLastError();
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+    graph_key_.clear();
+    use_graph_ = false;
+    std::fprintf(stderr, "posttrainllm: CUDA graphs off (%s); decode steps launch their kernels one by one\n",
+                 cudaGetErrorString(e));
+    return false;
+  }
+  graph_key_ = key;
+  check(cudaGraphLaunch(graph_exec_, s), "decode graph launch");
+  ++g_captured;
+  return true;
+}
+
 void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int64_t n_caches, float* logits,
                  bool all_logits) {
   std::lock_guard lock(mu_);  // one stream and one workspace: one step at a time
@@ -220,10 +295,28 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   check(cudaMemcpyAsync(ids_.p, tokens, size_t(n) * 4, cudaMemcpyHostToDevice, stream_), "copy");
 
   // KIVI caches take the keys before RoPE, plain ones rotated at their position.
-  bool any_kivi = false, any_plain = false;
-  for (int64_t b = 0; b < n_caches; ++b) (caches[b]->kivi() ? any_kivi : any_plain) = true;
-  const bool both = any_kivi && any_plain;  // a batch of both: keep a copy before RoPE
-  const int64_t per_row = 3 * H + 2 * QD + 2 * KD + 2 * F + (both ? KD : 0);
+  bool any_kivi = false, any_plain = false, flush = false;
+  for (int64_t b = 0; b < n_caches; ++b) {
+    (caches[b]->kivi() ? any_kivi : any_plain) = true;
+    flush = flush || caches[b]->kivi_flush_pending();
+  }
+  const bool both = any_kivi && any_plain;
+  // The GEMM rounds x to the weight type first (fp16/bf16 weights): done for decode batches,
+  // where it is the point; a prefill chunk keeps fp32 activations (the GEMV kernel) unless the
+  // weights are fp32 (an fp32 GEMM), so one sequence's logits stay within the CPU tolerances.
+  use_gemm_ = gemm_ && n >= gemm_rows_ && (batch || we_ == k::Elem::F32);
+  // One sequence's decode step takes the batched attention launch too when graphs are on: its
+  // per-step values (slots, lengths, ring start) then live in device memory, not in the
+  // launches' arguments, so the same graph replays step after step.
+  const bool one_step = n_caches == 1 && n == 1;
+  const bool batched = (batch && batch_launch_ > 0 && n_caches >= batch_launch_) || (one_step && use_graph_);
+  // Plain caches' keys rotated in their append (one launch less per layer): one sequence's
+  // plain cache (append_plain's kcs) or, with graphs on, a batched launch (its parameters' kcs;
+  // tied to graphs until it has run on a GPU, so the default batch path is as measured).
+  const bool rope_in_append = fuse_ && ((batched && use_graph_) || (n_caches == 1 && !any_kivi));
+  // A batch of both kinds keeps a copy of the keys before a separate RoPE launch.
+  const bool keep_raw = both && !rope_in_append;
+  const int64_t per_row = 3 * H + 2 * QD + 2 * KD + 2 * F + (keep_raw ? KD : 0);
   ws_.reserve(size_t(n * per_row + n * V) * 4);
   float* const x = ws_.f();
   float* const xn = x + n * H;
@@ -234,65 +327,85 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   float* const gate = vv + n * KD;
   float* const up = gate + n * F;
   float* const lg = up + n * F + n * H;
-  float* const kraw = both ? lg + n * V : kk;  // KIVI: keys before RoPE [n, KD]
+  float* const kraw = keep_raw ? lg + n * V : kk;  // KIVI: keys before RoPE [n, KD]
   part_.reserve(size_t(k::attend_scratch_floats(int(batch ? 1 : n), int(NH), int(hd), int(max_len))) * 4 *
                 size_t(batch ? n : 1));
-  // The GEMM rounds x to the weight type first (fp16/bf16 weights): done for decode batches,
-  // where it is the point; a prefill chunk keeps fp32 activations (the GEMV kernel) unless the
-  // weights are fp32 (an fp32 GEMM), so one sequence's logits stay within the CPU tolerances.
-  use_gemm_ = gemm_ && n >= gemm_rows_ && (batch || we_ == k::Elem::F32);
   if (use_gemm_) xb_.reserve(size_t(n * std::max({H, QD, F})) * 2);
   const int64_t part_stride = k::attend_scratch_floats(1, int(NH), int(hd), int(max_len));
-  const bool batched = batch && batch_launch_ > 0 && n_caches >= batch_launch_;
   if (batched)
     batch_.plan(caches, n_caches, first.data(), c.n_layers, int(NH), 1.0f / std::sqrt(float(hd)), kk, kraw, vv, q,
-                d_qcs, att, part_.f(), part_stride, stream_);
+                d_qcs, att, part_.f(), part_stride, stream_, rope_in_append ? d_kcs : nullptr);
   const float eps = float(c.rms_eps);
   const float scale = 1.0f / std::sqrt(float(hd));
-  cudaStream_t s = stream_;
-  k::embed(we_, embed_->p, static_cast<const int32_t*>(ids_.p), int(n), int(H), x, s);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const GpuLayer& w = layers_[size_t(l)];
-    k::rmsnorm(x, w.attn_norm->f(), eps, int(n), int(H), xn, s);
-    if (fuse_ && !use_gemm_) {
-      k::GemvSegs qkv;
-      qkv.o[0] = k::GemvOut{w.wq->p, w.bq ? w.bq->f() : nullptr, q, int(QD), false};
-      qkv.o[1] = k::GemvOut{w.wk->p, w.bk ? w.bk->f() : nullptr, kk, int(KD), false};
-      qkv.o[2] = k::GemvOut{w.wv->p, w.bv ? w.bv->f() : nullptr, vv, int(KD), false};
-      qkv.n = 3;
-      k::gemv_multi(we_, qkv, xn, int(n), int(H), s);
-    } else {
-      linear(*w.wq, xn, w.bq.get(), q, int(n), int(QD), int(H), false, s);
-      linear(*w.wk, xn, w.bk.get(), kk, int(n), int(KD), int(H), false, s);
-      linear(*w.wv, xn, w.bv.get(), vv, int(n), int(KD), int(H), false, s);
-    }
-    // KIVI stores keys before RoPE (turned by slot at read time); plain caches rotated at their position.
-    if (both) check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
-    // One plain cache stepped alone: its append rotates the keys (fuse_).
-    const bool rope_in_append = fuse_ && !batched && n_caches == 1 && !any_kivi;
-    if (any_plain && !rope_in_append) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
-    if (batched) batch_.run_layer(l, s);
-    for (int64_t b = 0; b < n_caches && !batched; ++b) {
-      const int64_t r0 = batch ? b : 0, nb = batch ? 1 : n;
-      float* const part = part_.f() + (batch ? b * part_stride : 0);
-      attend_layer(*caches[b], l, kk + r0 * KD, kraw + r0 * KD, vv + r0 * KD, q + r0 * QD, d_qcs + r0 * 2 * hd,
-                   first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s, rope_in_append ? d_kcs : nullptr);
-    }
-    linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s);
-    k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
-    if (fuse_ && !use_gemm_) {
-      k::gemv_swiglu(we_, w.gate->p, w.up->p, xn, gate, int(n), int(F), int(H), s);
-    } else {
-      linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
-      linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
-      k::silu_mul(gate, up, n * F, s);
-    }
-    linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s);
-  }
   const int64_t rows = all_logits ? n : 1;
-  const float* xl = all_logits ? x : x + (n - 1) * H;
-  k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);
-  linear(*lm_head_, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
+  cudaStream_t s = stream_;
+  // The step's launches, from the embedding to the logits in lg.
+  const auto enqueue = [&] {
+    k::embed(we_, embed_->p, static_cast<const int32_t*>(ids_.p), int(n), int(H), x, s);
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const GpuLayer& w = layers_[size_t(l)];
+      k::rmsnorm(x, w.attn_norm->f(), eps, int(n), int(H), xn, s);
+      if (fuse_ && !use_gemm_) {
+        k::GemvSegs qkv;
+        qkv.o[0] = k::GemvOut{w.wq->p, w.bq ? w.bq->f() : nullptr, q, int(QD), false};
+        qkv.o[1] = k::GemvOut{w.wk->p, w.bk ? w.bk->f() : nullptr, kk, int(KD), false};
+        qkv.o[2] = k::GemvOut{w.wv->p, w.bv ? w.bv->f() : nullptr, vv, int(KD), false};
+        qkv.n = 3;
+        k::gemv_multi(we_, qkv, xn, int(n), int(H), s);
+      } else {
+        linear(*w.wq, xn, w.bq.get(), q, int(n), int(QD), int(H), false, s);
+        linear(*w.wk, xn, w.bk.get(), kk, int(n), int(KD), int(H), false, s);
+        linear(*w.wv, xn, w.bv.get(), vv, int(n), int(KD), int(H), false, s);
+      }
+      // KIVI stores keys before RoPE (turned by slot at read time); plain caches rotated at their position.
+      if (keep_raw) check(cudaMemcpyAsync(kraw, kk, size_t(n * KD) * 4, cudaMemcpyDeviceToDevice, s), "copy");
+      if (any_plain && !rope_in_append) k::rope(kk, int(n), int(KVH), int(hd), d_kcs, s);
+      if (batched) batch_.run_layer(l, s);
+      for (int64_t b = 0; b < n_caches && !batched; ++b) {
+        const int64_t r0 = batch ? b : 0, nb = batch ? 1 : n;
+        float* const part = part_.f() + (batch ? b * part_stride : 0);
+        attend_layer(*caches[b], l, kk + r0 * KD, kraw + r0 * KD, vv + r0 * KD, q + r0 * QD, d_qcs + r0 * 2 * hd,
+                     first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s, rope_in_append ? d_kcs : nullptr);
+      }
+      linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s);
+      k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
+      if (fuse_ && !use_gemm_) {
+        k::gemv_swiglu(we_, w.gate->p, w.up->p, xn, gate, int(n), int(F), int(H), s);
+      } else {
+        linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
+        linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
+        k::silu_mul(gate, up, n * F, s);
+      }
+      linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s);
+    }
+    const float* xl = all_logits ? x : x + (n - 1) * H;
+    k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);
+    linear(*lm_head_, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
+  };
+  // A decode step through the batched launch, with no cuBLAS GEMM (its own launches) and
+  // no KIVI group flush (launched with this step's ring rows as arguments), replays the
+  // graph: everything else that varies per step (token ids, RoPE tables, the attention
+  // parameters) is uploaded above into buffers whose addresses are part of the key.
+  bool graphed = false;
+  if (use_graph_ && batched && !use_gemm_ && !flush) {
+    std::vector<int64_t> key = {n,
+                                n_caches,
+                                int64_t(all_logits),
+                                int64_t(reinterpret_cast<uintptr_t>(ws_.p)),
+                                int64_t(reinterpret_cast<uintptr_t>(cs_.p)),
+                                int64_t(reinterpret_cast<uintptr_t>(ids_.p)),
+                                int64_t(reinterpret_cast<uintptr_t>(part_.p)),
+                                int64_t(rope_in_append),
+                                int64_t(keep_raw),
+                                int64_t(any_plain),
+                                int64_t(fuse_)};
+    batch_.launch_key(key);
+    graphed = run_graph(key, enqueue, s);
+  }
+  if (!graphed) {
+    enqueue();
+    ++g_direct;
+  }
   const int64_t n_out = rows * V;
   const bool staged = use_pinned_ && n_out <= kPinnedFloats;
   if (staged && n_out > pinned_floats_) {
@@ -319,6 +432,10 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   }
   for (int64_t b = 0; b < n_caches; ++b) caches[b]->end_step(batch ? 1 : n);
 }
+
+namespace testing {
+GraphCounts graph_counts() { return GraphCounts{g_captured.load(), g_replayed.load(), g_direct.load()}; }
+}  // namespace testing
 
 namespace {
 std::mutex g_mu;
@@ -371,7 +488,6 @@ std::string device_name() {
 }  // namespace ptllm::cuda
 
 // ---------------- tests: one layer without a model (probe.h) ----------------
-#include "cuda/probe.h"
 
 namespace ptllm::cuda::testing {
 

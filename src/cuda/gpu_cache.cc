@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -447,7 +448,8 @@ KiviDecPlan kivi_dec_plan(int hd, int nh, int kvh, Elem re, int bits, int64_t ma
 
 void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first, int64_t n_layers, int nh,
                        float scale, const float* kk, const float* kraw, const float* vv, const float* q,
-                       const float* qcs, float* out, float* part, int64_t part_stride, cudaStream_t s) {
+                       const float* qcs, float* out, float* part, int64_t part_stride, cudaStream_t s,
+                       const float* kcs) {
   caches_ = caches;
   const KVCacheShape& sh = caches[0]->shape();
   nh_ = nh;
@@ -528,6 +530,7 @@ void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first
           p.c = c.layer(l);
           p.k = kk + b * KD;
           p.v = vv + b * KD;
+          p.kcs = kcs ? kcs + b * hd : nullptr;
           p.first = int(first[b]);
           std::memcpy(app + j * sizeof(p), &p, sizeof(p));
           k::Attend a;
@@ -541,6 +544,14 @@ void BatchAttend::plan(CudaCache* const* caches, int64_t B, const int64_t* first
   dev_.reserve(total);
   check(cudaMemcpyAsync(dev_.p, host_, total, cudaMemcpyHostToDevice, s), "batch plan upload");
   per_layer_ = per_layer;
+}
+
+void BatchAttend::launch_key(std::vector<int64_t>& key) const {
+  key.push_back(int64_t(reinterpret_cast<uintptr_t>(dev_.p)));
+  key.push_back(int64_t(per_layer_));
+  for (const Group& g : groups_)
+    key.insert(key.end(), {int64_t(g.kivi), int64_t(g.e), g.bits, int64_t(g.seqs.size()), g.S, g.plan.kind,
+                           g.plan.chunk, int64_t(g.off), int64_t(g.app_bytes)});
 }
 
 void BatchAttend::run_layer(int64_t l, cudaStream_t s) const {

@@ -60,6 +60,9 @@ class CudaCache : public DeviceKVCache {
   // (plan of begin_step(1): one append, then maybe a group flush), and the flush launches.
   k::AppendKiviB kivi_append_param(int64_t l, const float* k, const float* v) const;
   void kivi_flushes(int64_t l, cudaStream_t s) const;
+  // This step (after begin_step) quantises a residual group: kivi_flushes launches with
+  // this step's ring rows as arguments (so a captured decode graph cannot replay them).
+  bool kivi_flush_pending() const { return kivi_ && ops_.size() > 1; }
   k::Elem elem() const { return e_; }
   k::Elem residual_elem() const { return re_; }
   int bits() const { return bits_; }
@@ -127,11 +130,16 @@ class BatchAttend {
   BatchAttend(const BatchAttend&) = delete;
   BatchAttend& operator=(const BatchAttend&) = delete;
   // Rows b of kk (rotated keys), kraw (pre-RoPE), vv [B, KD], q [B, nh * hd], qcs [B, 2, hd]
-  // and out [B, nh * hd]; part: scratch of part_stride floats per sequence.
+  // and out [B, nh * hd]; part: scratch of part_stride floats per sequence. kcs [B, hd]:
+  // when given, kk is not rotated yet and the plain caches' appends rotate it.
   void plan(CudaCache* const* caches, int64_t B, const int64_t* first, int64_t n_layers, int nh, float scale,
             const float* kk, const float* kraw, const float* vv, const float* q, const float* qcs, float* out,
-            float* part, int64_t part_stride, cudaStream_t s);
+            float* part, int64_t part_stride, cudaStream_t s, const float* kcs = nullptr);
   void run_layer(int64_t l, cudaStream_t s) const;
+  // What run_layer's launches take as arguments beyond the parameters in device memory
+  // (their address, the groups' kinds, sizes, split counts and KIVI plans), appended to key:
+  // equal keys launch the same kernels with the same arguments (Engine's decode graph).
+  void launch_key(std::vector<int64_t>& key) const;
 
  private:
   struct Group {

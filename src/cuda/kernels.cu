@@ -452,9 +452,19 @@ __global__ void append_batch_kernel(const AppendPlainB* ps) {
   const int64_t row = (int64_t(h) * c.cap + phys_row(c, p.first)) * c.hd;
   T* kd = static_cast<T*>(c.k) + row;
   T* vd = static_cast<T*>(c.v) + row;
-  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) {
-    kd[i] = narrow<T>(p.k[h * c.hd + i]);
-    vd[i] = narrow<T>(p.v[h * c.hd + i]);
+  const float* ks = p.k + h * c.hd;
+  for (int i = threadIdx.x; i < c.hd; i += blockDim.x) vd[i] = narrow<T>(p.v[h * c.hd + i]);
+  if (!p.kcs) {
+    for (int i = threadIdx.x; i < c.hd; i += blockDim.x) kd[i] = narrow<T>(ks[i]);
+    return;
+  }
+  // append_kernel's rotation (rope_kernel's pair arithmetic).
+  const int half = c.hd / 2;
+  const float* cs = p.kcs;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float a = ks[i], b = ks[i + half];
+    kd[i] = narrow<T>(a * cs[i] - b * cs[half + i]);
+    kd[i + half] = narrow<T>(b * cs[i] + a * cs[half + i]);
   }
 }
 

@@ -135,8 +135,11 @@ void attend_kivi(const AttendKivi& a, cudaStream_t s);
 // splits write empty partials, so `part` holds nh * S * (hd + 2) floats each).
 struct AppendPlainB {
   PlainLayer c;
-  const float* k = nullptr;  // [kvh, hd] rotated
+  const float* k = nullptr;  // [kvh, hd], rotated unless kcs is given
   const float* v = nullptr;
+  // [hd]: cos | sin at the key's position (as rope() takes a row): the append rotates k
+  // with rope()'s arithmetic (RoPE and the append in one launch); null: k is rotated.
+  const float* kcs = nullptr;
   int first = 0;
 };
 void append_plain_batch(const AppendPlainB* d, int B, int kvh, Elem e, cudaStream_t s);

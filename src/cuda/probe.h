@@ -20,6 +20,16 @@ struct KiviDecodeOverride {
 };
 void set_kivi_decode(const KiviDecodeOverride& o);
 
+// Decode steps run as a CUDA graph since the process started (backend.cc, Engine::run):
+// `captured` steps recorded a graph (a new one or an update of the last), `replayed` ones
+// launched the last graph as it was, `direct` ones launched their kernels one by one
+// (graphs off, a prefill, a cuBLAS batch, a KIVI group flush). A test reads these to know
+// which path its steps took.
+struct GraphCounts {
+  int64_t captured = 0, replayed = 0, direct = 0;
+};
+GraphCounts graph_counts();
+
 class LayerProbe {
  public:
   // shape.n_layers must be 1; shape.capacity as make_cache would set it

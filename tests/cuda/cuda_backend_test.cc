@@ -507,6 +507,60 @@ TEST(CudaBackend, BatchKiviLongSequencesMatchCpu) {
               worst);
 }
 
+// One sequence's decode steps replay a captured CUDA graph (Engine::run; docs/CUDA.md,
+// Session 23). 600 steps after a 20-token prefill cross the attention's one-split bound
+// (256 slots: a combine launch appears, so a new graph) and 512 (an update in place), a
+// StreamingLLM ring wraps (its start moves every step, in device memory), and KIVI groups
+// flush (those steps launch directly). Per mode: graphs on against the CPU within the
+// mode's tolerance (as compare_model), and against graphs off (PTLLM_CUDA_GRAPH=0: the
+// kernels launched one by one, the one-sequence attention launch) within 1e-5 relative:
+// the same arithmetic launched another way (expected equal; the margin is for the
+// compiler contracting the two attention kernels' expressions differently). The
+// counts show which path the steps took: without the replays this test would compare
+// direct launches with themselves.
+TEST(CudaBackend, DecodeGraphMatchesDirectLaunches) {
+  auto m = random_hd64_gqa4_model("cuda_graph.gguf");
+  const int64_t V = m->config().vocab_size, n_prefill = 20, n_decode = 600, cap = n_prefill + n_decode;
+  std::mt19937 rng(11);
+  std::vector<int32_t> ids(static_cast<size_t>(n_prefill)), dec(static_cast<size_t>(n_decode));
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+  for (auto& t : dec) t = int32_t(rng() % uint32_t(V));
+  const std::vector<Mode> modes = {
+      {cache_spec(KVStorage::F16), 1e-3, 0},
+      {cache_spec(KVStorage::F32, 4, 300), 1e-4, 0},
+      {cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, 64), 1e-2, 0},
+      {cache_spec(KVStorage::Int8, 4, 300, RopeMode::Reposition, 32, 32), 2e-3, 0},
+  };
+  for (const Mode& md : modes) {
+    SCOPED_TRACE(md.spec.label());
+    const RunOut cpu = run(*m, make_cache(m->cache_shape(cap), md.spec), ids, dec);
+    int64_t replayed[2] = {}, captured[2] = {};
+    const auto on_gpu = [&](bool graph) {
+      setenv("PTLLM_CUDA_GRAPH", graph ? "1" : "0", 1);
+      cuda::activate(*m);
+      std::unique_ptr<KVCache> gc = make_cache(m->cache_shape(cap), md.spec);
+      cuda::deactivate();
+      const cuda::testing::GraphCounts before = cuda::testing::graph_counts();
+      RunOut o = run(*m, std::move(gc), ids, dec);
+      const cuda::testing::GraphCounts after = cuda::testing::graph_counts();
+      replayed[graph] = after.replayed - before.replayed;
+      captured[graph] = after.captured - before.captured;
+      return o;
+    };
+    const RunOut on = on_gpu(true), off = on_gpu(false);
+    unsetenv("PTLLM_CUDA_GRAPH");
+    const double vs_cpu = worst_err(on, cpu, n_prefill, V), vs_off = worst_err(on, off, n_prefill, V);
+    EXPECT_LE(vs_cpu, md.tol);
+    EXPECT_LE(vs_off, 1e-5);
+    // KIVI: one step in 32 flushes a group and goes direct; a new graph at 257 slots.
+    EXPECT_GE(replayed[1], n_decode * 9 / 10);
+    EXPECT_GE(captured[1], 1);
+    EXPECT_EQ(replayed[0] + captured[0], 0);
+    std::printf("%s: graphs on vs CPU %.2e (tol %.0e), vs graphs off %.2e; %lld steps replayed, %lld captured\n",
+                md.spec.label().c_str(), vs_cpu, md.tol, vs_off, (long long)replayed[1], (long long)captured[1]);
+  }
+}
+
 // A batch large enough for the batched paths at their defaults: projections of 16+
 // rows through cuBLAS (fp32 weights here: an fp32 GEMM) and one attention launch
 // per layer and storage kind for all sequences (four groups of six).
