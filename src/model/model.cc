@@ -125,12 +125,44 @@ void Model::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* cach
   run(tokens, B, caches, B, logits, /*all_logits=*/true);
 }
 
+void Model::forward_prompts(const int32_t* tokens, const int64_t* counts, int64_t B, KVCache* const* caches,
+                            float* logits) const {
+  if (B < 1) fail("forward_prompts: {} sequences (expected >= 1)", B);
+  int64_t n = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (!caches[b]) fail("forward_prompts: sequence {} has no cache", b);
+    for (int64_t a = 0; a < b; ++a)
+      if (caches[a] == caches[b]) fail("forward_prompts: sequences {} and {} share one cache", a, b);
+    if (counts[b] < 1) fail("forward_prompts: sequence {} has {} tokens (expected >= 1)", b, counts[b]);
+    if (counts[b] > caches[b]->room())
+      fail("forward_prompts: sequence {} has {} tokens but its cache has room for {}", b, counts[b],
+           caches[b]->room());
+    n += counts[b];
+  }
+  if (dynamic_cast<DeviceKVCache*>(caches[0])) {
+    const int64_t V = config_.vocab_size;
+    for (int64_t b = 0, at = 0; b < B; at += counts[b], ++b) forward(tokens + at, counts[b], *caches[b], logits + b * V, false);
+    return;
+  }
+  run(tokens, n, caches, B, logits, /*all_logits=*/false, counts);
+}
+
 void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_t n_caches, float* logits,
-                bool all_logits) const {
+                bool all_logits, const int64_t* counts) const {
   const auto& c = config_;
   const int64_t H = c.hidden_size, F = c.intermediate_size;
   const int64_t QD = c.n_heads * c.head_dim, KD = c.n_kv_heads * c.head_dim;
-  const bool batch = n_caches > 1;  // n sequences of one token each
+  // Several sequences (one token each, or counts[b] each): the rows kernels.
+  const bool batch = n_caches > 1 || counts;
+  // Sequence b's rows [first[b], first[b] + count(b)).
+  std::vector<int64_t> first;
+  if (counts) {
+    first.resize(size_t(n_caches) + 1);
+    for (int64_t b = 0; b < n_caches; ++b) first[size_t(b) + 1] = first[size_t(b)] + counts[b];
+    if (first.back() != n) fail("forward_prompts: the counts add up to {} rows, not {}", first.back(), n);
+  }
+  const auto row0 = [&](int64_t b) { return counts ? first[size_t(b)] : b; };
+  const auto count = [&](int64_t b) { return counts ? counts[b] : int64_t(1); };
   // Products over the n rows: one sequence's prefill may use the blocked GEMM;
   // a batch keeps each row's decode arithmetic (ops::matmul_rows).
   const auto matmul_multi = [&](const float* in, const ops::MatmulJob* jobs, int n_jobs) {
@@ -143,7 +175,8 @@ void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_
   // K/V of the n rows into their cache(s): k, v [n, KD].
   const auto append = [&](int64_t layer, const float* k, const float* v) {
     if (!batch) return caches[0]->append(layer, k, v, n);
-    for (int64_t b = 0; b < n; ++b) caches[b]->append(layer, k + b * KD, v + b * KD, 1);
+    for (int64_t b = 0; b < n_caches; ++b)
+      caches[b]->append(layer, k + row0(b) * KD, v + row0(b) * KD, count(b));
   };
   const auto attend = [&](int64_t layer, const float* q, float* out) {
     if (!batch) return caches[0]->attend(layer, q, n, out);
@@ -155,10 +188,10 @@ void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_
     // stays bit-identical to stepping it alone. An exception may not leave an
     // OpenMP region: the first is kept and rethrown after it.
     std::exception_ptr err;
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-    for (int64_t b = 0; b < n; ++b) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_caches > 1)
+    for (int64_t b = 0; b < n_caches; ++b) {
       try {
-        caches[b]->attend(layer, q + b * QD, 1, out + b * QD);
+        caches[b]->attend(layer, q + row0(b) * QD, count(b), out + row0(b) * QD);
       } catch (...) {
 #pragma omp critical(ptllm_batch_attend_error)
         if (!err) err = std::current_exception();
@@ -212,8 +245,15 @@ void Model::run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_
     matmul(w.w_down, gate, proj);
     for (size_t i = 0; i < nH; ++i) x[i] += proj[i];
   }
-  for (int64_t b = 0; b < n_caches; ++b) caches[b]->advance(batch ? 1 : n);
-  if (all_logits) {
+  for (int64_t b = 0; b < n_caches; ++b) caches[b]->advance(batch ? count(b) : n);
+  if (counts) {
+    // Each sequence's last row, normed and through the head as one product over the
+    // sequences (row by row the one-token arithmetic, as the other products).
+    for (int64_t b = 0; b < n_caches; ++b)
+      ops::rmsnorm(x + (first[size_t(b) + 1] - 1) * H, final_norm_, c.rms_eps, 1, H, xn + b * H);
+    const ops::MatmulJob head{&lm_head_, logits, nullptr};
+    ops::matmul_rows(xn, n_caches, &head, 1);
+  } else if (all_logits) {
     ops::rmsnorm(x, final_norm_, c.rms_eps, n, H, xn);
     matmul(lm_head_, xn, logits);
   } else {

@@ -63,6 +63,20 @@ class Model {
   // ops::matmul_rows keeps the decode arithmetic per row).
   void forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) const;
 
+  // Prompts of B sequences in one pass: sequence b runs counts[b] >= 1 tokens (tokens
+  // holds them one sequence after another) into *caches[b], and logits[b] gets the
+  // [vocab] of its last token; logits is [B, vocab]. As in forward_batch, the
+  // projections and the MLP are one product over all the rows (each weight read once,
+  // each row with the one-token decode arithmetic, ops::matmul_rows) and attention runs
+  // per sequence over its own cache, with its counts[b] queries causal among
+  // themselves. So a sequence's logits and cache are bit-identical to forward_prompts
+  // of that sequence alone, whatever it shares the call with (batch invariance), and
+  // agree with forward() to rounding (forward() may take the blocked GEMM). Each
+  // counts[b] must fit in caches[b]->room(). Device caches: each sequence through its
+  // own forward().
+  void forward_prompts(const int32_t* tokens, const int64_t* counts, int64_t B, KVCache* const* caches,
+                       float* logits) const;
+
   // Bytes of weights one decode step reads: every weight except the embedding
   // table, of which only one row, unless the table is also the (tied) output head.
   size_t step_weight_bytes() const;
@@ -72,10 +86,12 @@ class Model {
 
  private:
   const TensorView& tensor(const std::string& name, std::vector<int64_t> shape) const;
-  // The forward pass of n rows: one sequence of n tokens (n_caches = 1), or n
-  // sequences of one token each (n_caches = n, `batch` kernels).
+  // The forward pass of n rows: one sequence of n tokens (n_caches = 1, counts null),
+  // n sequences of one token each (n_caches = n, counts null), or n_caches sequences of
+  // counts[b] tokens each (summing to n). The last two take the rows kernels
+  // (ops::matmul_rows); with counts, logits are each sequence's last row.
   void run(const int32_t* tokens, int64_t n, KVCache* const* caches, int64_t n_caches, float* logits,
-           bool all_logits) const;
+           bool all_logits, const int64_t* counts = nullptr) const;
   ModelConfig config_;
   TensorStore store_;
   std::string source_;

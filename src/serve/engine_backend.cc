@@ -14,6 +14,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/finite.h"
@@ -222,34 +223,43 @@ class EngineBackend : public Backend {
     if (s.prefilled()) require_finite_logits(s.logits.data(), int64_t(s.logits.size()), s.cache->position() - 1);
   }
 
-  // Short prompts (at most 16 tokens, and within one chunk) are fed
-  // together, one token per sequence per Model::forward_batch, as decode steps
-  // are: each weight is read once per token position for all of them, where a
-  // per-prompt forward() reads (and packs for its GEMM) every weight once per
-  // prompt. Measured (flagship-27m, a 5-token prompt, docs/SERVER.md "Latency,
-  // session 9"): one request's server-side time to first token 24 ms stepped
-  // against 102-241 ms per-prompt.
-  // Batch invariance holds: whether a prompt is stepped depends only on its own
-  // length, and a forward_batch row is bit-identical to forward() of that token
-  // alone, whichever rows it shares the call with. A longer prompt takes the
-  // chunked forward() (its GEMM outruns token steps).
-  // PTLLM_SERVE_STEPPED_PROMPT=N changes the limit (0: every prompt per-prompt), for A/B runs.
-  static int64_t stepped_prompt_limit() {
+  // Short prompts (at most 16 tokens, within one chunk and within their cache's room)
+  // admitted in one scheduler step run together through one Model::forward_prompts:
+  // all their tokens are the rows of one pass, so each weight is read once for all of
+  // them, where a forward() per prompt reads every weight once per prompt and stepping
+  // them one position at a time through forward_batch (sessions 9-22) once per position.
+  // Measured (flagship-27m, docs/SERVER.md "Prompts in one pass, session 23"): one
+  // request's 10-token prompt admitted and prefilled in 2.5 ms, 9.9 ms stepped.
+  // Batch invariance holds: whether a prompt takes this path depends only on its own
+  // length and cache, and forward_prompts gives each sequence what it gives it alone.
+  // On a device cache (src/cuda) the prompts are still stepped through forward_batch,
+  // which runs them batched on the GPU (forward_prompts there runs each prompt alone).
+  // PTLLM_SERVE_SHORT_PROMPT=N changes the limit (0: every prompt through its own
+  // forward()); PTLLM_SERVE_PROMPTS=stepped steps them as before, for A/B runs.
+  static int64_t short_prompt_limit() {
     static const int64_t n = [] {
-      const char* e = std::getenv("PTLLM_SERVE_STEPPED_PROMPT");
+      const char* e = std::getenv("PTLLM_SERVE_SHORT_PROMPT");
       return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(16);
     }();
     return n;
   }
+  static bool step_short_prompts() {
+    static const bool stepped = [] {
+      const char* e = std::getenv("PTLLM_SERVE_PROMPTS");
+      return e && std::string_view(e) == "stepped";
+    }();
+    return stepped;
+  }
 
   void prefill_batch(std::span<Sequence* const> seqs, int64_t max_tokens, std::span<std::string> errors) override {
-    std::vector<EngineSequence*> stepped;
-    std::vector<size_t> stepped_at;  // index in seqs
+    std::vector<EngineSequence*> together;
+    std::vector<size_t> together_at;  // index in seqs
     for (size_t i = 0; i < seqs.size(); ++i) {
       auto& s = static_cast<EngineSequence&>(*seqs[i]);
-      if (s.fed == 0 && int64_t(s.prompt.size()) <= std::min(stepped_prompt_limit(), max_tokens)) {
-        stepped.push_back(&s);
-        stepped_at.push_back(i);
+      const int64_t len = int64_t(s.prompt.size());
+      if (s.fed == 0 && len >= 1 && len <= std::min(short_prompt_limit(), max_tokens) && len <= s.cache->room()) {
+        together.push_back(&s);
+        together_at.push_back(i);
         continue;
       }
       try {
@@ -258,11 +268,14 @@ class EngineBackend : public Backend {
         errors[i] = e.what();
       }
     }
-    if (stepped.empty()) return;
+    if (together.empty()) return;
     try {
-      step_prompts(stepped);
+      if (step_short_prompts() || dynamic_cast<const DeviceKVCache*>(together[0]->cache.get()))
+        step_prompts(together);
+      else
+        run_prompts(together);
     } catch (const std::exception& e) {
-      for (size_t i : stepped_at) errors[i] = e.what();
+      for (size_t i : together_at) errors[i] = e.what();
     }
   }
 
@@ -301,6 +314,29 @@ class EngineBackend : public Backend {
       }
     }
     if (err) std::rethrow_exception(err);
+  }
+
+  // The whole prompts of `seqs` in one Model::forward_prompts; each sequence keeps
+  // the logits of its last token.
+  void run_prompts(const std::vector<EngineSequence*>& seqs) {
+    tokens_.clear();
+    caches_.clear();
+    counts_.clear();
+    for (const EngineSequence* s : seqs) {
+      tokens_.insert(tokens_.end(), s->prompt.begin(), s->prompt.end());
+      caches_.push_back(s->cache.get());
+      counts_.push_back(int64_t(s->prompt.size()));
+    }
+    const size_t vocab = size_t(lm_.model->config().vocab_size);
+    batch_logits_.resize(seqs.size() * vocab);
+    lm_.model->forward_prompts(tokens_.data(), counts_.data(), int64_t(seqs.size()), caches_.data(),
+                               batch_logits_.data());
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      EngineSequence& s = *seqs[b];
+      s.fed = s.prompt.size();
+      std::copy_n(batch_logits_.data() + b * vocab, vocab, s.logits.data());
+      require_finite_logits(s.logits.data(), int64_t(vocab), s.cache->position() - 1);
+    }
   }
 
   // Feeds the whole prompts of `seqs` one position at a time: call t runs token
@@ -368,6 +404,7 @@ class EngineBackend : public Backend {
   std::vector<EngineSequence*> run_;
   std::vector<int32_t> tokens_;
   std::vector<KVCache*> caches_;
+  std::vector<int64_t> counts_;      // run_prompts: each sequence's tokens
   std::vector<int64_t> batch_row_;   // [seqs]: the sequence's row in batch_logits_, -1 if it did not run
   std::vector<float> batch_logits_;  // [B, vocab]
 };

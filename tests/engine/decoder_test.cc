@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 
@@ -152,6 +153,115 @@ TEST(BatchInvariance, YocoFixture) {
 TEST(BatchInvariance, QkvBiasFixture) {
   auto m = Model::load_hf(test::fixture("hf/qwen2-qkv-bias"));
   for_each_level([&] { expect_batch_invariant(*m, int4_streaming_spec()); });
+}
+
+// Model::forward_prompts: 16 prompts of 1..16 tokens in one pass against each prompt
+// in a pass of its own, bit for bit (its logits and, through the cache it filled, the
+// logits of 4 decode steps after it), at every SIMD level and thread count. Against
+// forward() (the CLI's prefill) within 1e-5 of the largest logit: the same products
+// to rounding (forward() may order a product's sums differently).
+void expect_prompts_invariant(const Model& m, const CacheSpec& spec) {
+  const int64_t V = m.config().vocab_size;
+  constexpr int kSteps = 4;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int b = 0; b < kBatch; ++b) prompts.push_back(ids_for(b, 1 + b % 16, V, 5));
+  const auto steps_after = [&](KVCache& c, int b) {
+    std::vector<float> out;
+    std::vector<float> lg(static_cast<size_t>(V));
+    for (int32_t id : ids_for(b, kSteps, V, 77)) {
+      m.forward(&id, 1, c, lg.data(), false);
+      out.insert(out.end(), lg.begin(), lg.end());
+    }
+    return out;
+  };
+  std::vector<std::vector<float>> alone_logits, alone_steps, plain_logits;
+  for (int b = 0; b < kBatch; ++b) {
+    auto c = make_model_cache(m, spec, 64);
+    KVCache* cp = c.get();
+    const int64_t n = int64_t(prompts[size_t(b)].size());
+    std::vector<float> lg(static_cast<size_t>(V));
+    m.forward_prompts(prompts[size_t(b)].data(), &n, 1, &cp, lg.data());
+    alone_logits.push_back(lg);
+    alone_steps.push_back(steps_after(*c, b));
+    auto f = make_model_cache(m, spec, 64);
+    m.forward(prompts[size_t(b)].data(), n, *f, lg.data(), false);
+    plain_logits.push_back(lg);
+  }
+  std::vector<std::unique_ptr<KVCache>> caches;
+  std::vector<KVCache*> ptrs;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> counts;
+  for (int b = 0; b < kBatch; ++b) {
+    caches.push_back(make_model_cache(m, spec, 64));
+    ptrs.push_back(caches.back().get());
+    tokens.insert(tokens.end(), prompts[size_t(b)].begin(), prompts[size_t(b)].end());
+    counts.push_back(int64_t(prompts[size_t(b)].size()));
+  }
+  std::vector<float> together(size_t(kBatch * V));
+  m.forward_prompts(tokens.data(), counts.data(), kBatch, ptrs.data(), together.data());
+  for (int b = 0; b < kBatch; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b));
+    const float* got = together.data() + size_t(b) * size_t(V);
+    EXPECT_TRUE(std::equal(got, got + V, alone_logits[size_t(b)].begin())) << "prompt logits";
+    EXPECT_EQ(steps_after(*caches[size_t(b)], b), alone_steps[size_t(b)]) << "decode steps after the prompt";
+    EXPECT_EQ(caches[size_t(b)]->position(), counts[size_t(b)] + kSteps);
+    float top = 0, diff = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      top = std::max(top, std::fabs(plain_logits[size_t(b)][size_t(i)]));
+      diff = std::max(diff, std::fabs(got[i] - plain_logits[size_t(b)][size_t(i)]));
+    }
+    EXPECT_LE(diff, 1e-5f * top) << "against forward()";
+  }
+}
+
+TEST(PromptsInOnePass, Stories260K) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  for_each_level([&] {
+    expect_prompts_invariant(*m, fp32_spec());
+    expect_prompts_invariant(*m, int4_streaming_spec());
+  });
+}
+
+TEST(PromptsInOnePass, Flagship27mBf16) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/flagship-27m");
+  ops::set_num_threads(2);
+  expect_prompts_invariant(*m, fp32_spec());
+  ops::set_num_threads(1);
+}
+
+TEST(PromptsInOnePass, YocoAndQkvBiasFixtures) {
+  auto yoco = Model::load_tinygpt(test::fixture("tinygpt/tiny-yoco.tinygpt"), nullptr);
+  auto qwen = Model::load_hf(test::fixture("hf/qwen2-qkv-bias"));
+  for_each_level([&] {
+    expect_prompts_invariant(*yoco, fp32_spec());
+    expect_prompts_invariant(*qwen, int4_streaming_spec());
+  });
+}
+
+TEST(PromptsInOnePass, RejectsEmptyOversizedAndSharedCaches) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  auto a = make_model_cache(*m, CacheSpec{}, 4), b = make_model_cache(*m, CacheSpec{}, 4);
+  KVCache* two[] = {a.get(), b.get()};
+  KVCache* same[] = {a.get(), a.get()};
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+  std::vector<float> lg(size_t(2 * m->config().vocab_size));
+  const int64_t empty[] = {0, 2}, too_many[] = {5, 0}, ok[] = {3, 2}, outside[] = {1, 1};
+  const std::vector<int32_t> bad = {1, 100000};
+  const auto message = [&](const int32_t* t, const int64_t* c, KVCache* const* cs) {
+    try {
+      m->forward_prompts(t, c, 2, cs, lg.data());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(tokens.data(), empty, two).find("sequence 0 has 0 tokens"), std::string::npos);
+  EXPECT_NE(message(tokens.data(), too_many, two).find("has room for 4"), std::string::npos);
+  EXPECT_NE(message(tokens.data(), ok, same).find("share one cache"), std::string::npos);
+  EXPECT_NE(message(bad.data(), outside, two).find("outside the vocabulary"), std::string::npos);
+  EXPECT_EQ(message(tokens.data(), ok, two), "no error");
+  EXPECT_EQ(a->position(), 3);
+  EXPECT_EQ(b->position(), 2);
 }
 
 TEST(StepBatch, RejectsSharedOrFullCachesAndMismatchedIds) {
