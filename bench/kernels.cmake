@@ -3,4 +3,4 @@
 # machine's memory bandwidth. See docs/BENCHMARKS.md.
 add_executable(kernels_bench ${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cc)
 target_include_directories(kernels_bench PRIVATE ${CMAKE_SOURCE_DIR}/src)
-target_link_libraries(kernels_bench PRIVATE ptllm_kv ptllm_ops benchmark::benchmark OpenMP::OpenMP_CXX)
+target_link_libraries(kernels_bench PRIVATE ptllm_kv ptllm_ops ptllm_sampling benchmark::benchmark OpenMP::OpenMP_CXX)

@@ -27,6 +27,7 @@
 #include "kv/grouped_store.h"
 #include "ops/kivi_kernels.h"
 #include "ops/ops.h"
+#include "sampling/sampler.h"
 #include "bench_util.h"
 
 namespace {
@@ -252,6 +253,24 @@ void BM_Softmax(benchmark::State& st) {
   st.SetItemsProcessed(int64_t(st.iterations()) * n);
 }
 BENCHMARK(BM_Softmax)->Arg(256)->Arg(4096);
+
+// One token drawn from n logits (sampling/sampler.h), as a server step does per
+// sequence: kind 0 temperature 0.8 (every token a candidate), 1 the same with top-p 0.9,
+// 2 top-k 40, 3 greedy. Logits ~ N(0, 3^2), about a trained model's spread.
+void BM_Sample(benchmark::State& st) {
+  const int64_t n = st.range(0), kind = st.range(1);
+  auto x = randn(size_t(n), 3);
+  for (float& v : x) v *= 3;
+  SamplerConfig c;
+  c.temperature = kind == 3 ? 0.0 : 0.8;
+  if (kind == 1) c.top_p = 0.9;
+  if (kind == 2) c.top_k = 40;
+  c.seed = 1;
+  Sampler s(c);
+  for (auto _ : st) benchmark::DoNotOptimize(s.sample(x));
+  st.SetItemsProcessed(int64_t(st.iterations()) * n);
+}
+BENCHMARK(BM_Sample)->ArgsProduct({{32000, 128256}, {0, 1, 2, 3}})->ArgNames({"n", "kind"});
 
 // The logits check of a batch step (core/finite.h) over n floats, against the loop it
 // replaced (std::isfinite with an exit at the first bad value, which does not vectorise)

@@ -125,4 +125,17 @@ void silu_mul(float* gate, const float* up, int64_t n);
 // In-place numerically stable softmax.
 void softmax(float* x, int64_t n);
 
+// Sampling over a vocabulary (sample_kernels.cc; sampling/sampler.cc). Both return the
+// same bits at every SIMD level and on every platform (a seed reproduces a run anywhere).
+// Index of the largest of x[0..n): the first on ties; NaNs are never chosen (0 when every
+// value is NaN).
+int64_t argmax(const float* x, int64_t n);
+// w[i] = e^((double(x[i]) - m) * s) for i < n (0 where the exponent is below -700), and
+// their sum: 8 partial sums (sum j over i = j mod 8, each in index order) added as
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). e^t is computed from IEEE add,
+// multiply and fused multiply-add only, within 2 ulp of the libm's for t in [-700, 0].
+double exp_weights(const float* x, int64_t n, double m, double s, double* w);
+// That e^t for one t <= 0, for tests.
+double exp_reference(double t);
+
 }  // namespace ptllm::ops

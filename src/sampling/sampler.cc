@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/finite.h"
+#include "ops/ops.h"
 
 namespace ptllm {
 
@@ -19,26 +21,73 @@ Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { validat
 double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[size_t(best)]) best = int32_t(i);
-  return best;
+  return int32_t(ops::argmax(logits.data(), int64_t(logits.size())));
 }
 
-// Without top-k / top-p every token can be drawn, so nothing is sorted: one
-// pass for the max, one for the weights, a scan in id order (a serving step
-// used to sort the whole vocabulary, ~25% of a 27M model's step). top-k
-// sorts k candidates; top-p sorts a growing top slice (64, 256, ... tokens)
-// until its mass reaches top_p of the total, so a peaked distribution costs
-// a partial sort of a few dozen tokens and a flat one at worst a full sort.
+// Without top-k / top-p every token can be drawn, so nothing is sorted: the max,
+// the weights and their sum (ops::argmax, ops::exp_weights: vector code with the
+// same bits everywhere), and a scan in id order (a serving step used to sort the
+// whole vocabulary, ~25% of a 27M model's step). top-k sorts k candidates; top-p
+// takes the same weights and sorts a growing top slice (64, 256, ... tokens) until
+// its mass reaches top_p of the total, so a peaked distribution costs a partial
+// sort of a few dozen tokens and a flat one at worst a full sort.
 int32_t Sampler::sample(std::span<const float> logits) {
   if (cfg_.temperature == 0) return argmax(logits);
   const double inv_t = 1.0 / cfg_.temperature;
+  const int64_t n = int64_t(logits.size());
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  // Draws among candidates cand_[0..count) with weights weights_[0..count), their sum `sum`.
+  const auto draw = [&](size_t count, double sum) {
+    double r = uniform() * sum;
+    for (size_t i = 0; i < count; ++i) {
+      r -= weights_[i];
+      if (r < 0) return cand_[i].second;
+    }
+    return cand_[count - 1].second;
+  };
+  // top-p: the smallest prefix of cand_ in logit order whose mass reaches top_p of
+  // `total` (at least one token), its first `sorted` already in order; weight(c) is a
+  // candidate's weight.
+  const auto top_p_draw = [&](double total, size_t sorted, const auto& weight) {
+    const double target = cfg_.top_p * total;
+    weights_.resize(cand_.size());
+    for (size_t slice = 64;; slice *= 4) {
+      const size_t k = std::min(slice, cand_.size());
+      if (sorted < k) {
+        std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(k), cand_.end(), by_logit);
+        sorted = k;
+      }
+      double cum = 0;
+      for (size_t i = 0; i < k; ++i) {
+        cum += weights_[i] = weight(cand_[i]);
+        if (cum >= target) return draw(i + 1, cum);
+      }
+      if (k == cand_.size()) return draw(k, cum);  // rounding: the whole set
+    }
+  };
+  if (cfg_.top_k == 0 && n > 0 && all_finite(logits.data(), n)) {
+    // Every token a candidate: the weights and their sum in vector code
+    // (ops::exp_weights, the same bits on every machine).
+    const double m = logits[size_t(ops::argmax(logits.data(), n))];
+    all_w_.resize(size_t(n));
+    const double total = ops::exp_weights(logits.data(), n, m, inv_t, all_w_.data());
+    if (cfg_.top_p >= 1.0) {  // the draw's scan in id order
+      double r = uniform() * total;
+      for (int64_t i = 0; i < n; ++i) {
+        r -= all_w_[size_t(i)];
+        if (r < 0) return int32_t(i);
+      }
+      return int32_t(n - 1);
+    }
+    cand_.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) cand_[size_t(i)] = {logits[size_t(i)], int32_t(i)};
+    return top_p_draw(total, 0, [&](const std::pair<float, int32_t>& c) { return all_w_[size_t(c.second)]; });
+  }
+  // top-k, or logits that are not all finite (NaNs are never drawn).
   cand_.clear();
   for (size_t i = 0; i < logits.size(); ++i)
     if (!std::isnan(logits[i])) cand_.emplace_back(logits[i], int32_t(i));
   if (cand_.empty()) fail("all logits are NaN");
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   const bool top_k = cfg_.top_k > 0 && size_t(cfg_.top_k) < cand_.size();
   if (top_k) {
     std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(cfg_.top_k), cand_.end(), by_logit);
@@ -47,35 +96,12 @@ int32_t Sampler::sample(std::span<const float> logits) {
   float mx = -INFINITY;
   for (const auto& c : cand_) mx = std::max(mx, c.first);
   const double m = mx;
+  const auto weight = [&](const std::pair<float, int32_t>& c) { return std::exp((double(c.first) - m) * inv_t); };
   weights_.resize(cand_.size());
   double total = 0;
-  for (size_t i = 0; i < cand_.size(); ++i) total += weights_[i] = std::exp((double(cand_[i].first) - m) * inv_t);
-  // Draws with weights w[0..n) of candidates c[0..n), their sum `sum`.
-  const auto draw = [&](size_t n, double sum) {
-    double r = uniform() * sum;
-    for (size_t i = 0; i < n; ++i) {
-      r -= weights_[i];
-      if (r < 0) return cand_[i].second;
-    }
-    return cand_[n - 1].second;
-  };
+  for (size_t i = 0; i < cand_.size(); ++i) total += weights_[i] = weight(cand_[i]);
   if (cfg_.top_p >= 1.0) return draw(cand_.size(), total);
-  // Smallest prefix in logit order whose mass reaches top_p (at least one token).
-  const double target = cfg_.top_p * total;
-  size_t sorted = top_k ? cand_.size() : 0;  // top-k left its k candidates sorted
-  for (size_t slice = 64;; slice *= 4) {
-    const size_t k = std::min(slice, cand_.size());
-    if (sorted < k) {
-      std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(k), cand_.end(), by_logit);
-      sorted = k;
-    }
-    double cum = 0;
-    for (size_t n = 0; n < k; ++n) {
-      cum += weights_[n] = std::exp((double(cand_[n].first) - m) * inv_t);
-      if (cum >= target) return draw(n + 1, cum);
-    }
-    if (k == cand_.size()) return draw(k, cum);  // rounding: the whole set
-  }
+  return top_p_draw(total, top_k ? cand_.size() : 0, weight);
 }
 
 }  // namespace ptllm

@@ -31,6 +31,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
   std::vector<double> weights_;  // exp((logit - max) / T) of cand_
+  std::vector<double> all_w_;    // the same by token id (no top-k): ops::exp_weights
 };
 
 }  // namespace ptllm

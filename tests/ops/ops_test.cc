@@ -2,11 +2,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "ops/ops.h"
@@ -192,6 +194,78 @@ TEST(Matmul, MultiAndSwigluEqualSeparateCalls) {
 
 // Vector exp-based kernels against the std::exp scalar reference. The SIMD
 // exp is within a few ulp, so 1e-6 relative (+1e-30 absolute near 0).
+// Sampling kernels (sample_kernels.cc). argmax at every level against a plain loop
+// (first index on ties, NaNs never chosen); exp_weights bit for bit against the scalar
+// level (weights and their sum: a seed must draw the same token on every machine), the
+// sum against the weights added in the documented order, e^t within 2 ulp of std::exp.
+TEST(Sampling, ArgmaxIsTheFirstLargestAtEveryLevel) {
+  SimdGuard g;
+  const auto plain = [](const std::vector<float>& x) {
+    int64_t best = -1;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!std::isnan(x[i]) && (best < 0 || x[i] > x[size_t(best)])) best = int64_t(i);
+    return best < 0 ? int64_t(0) : best;
+  };
+  std::mt19937 rng(5);
+  for (ops::SimdLevel lv : ops::available_simd_levels()) {
+    SCOPED_TRACE(ops::simd_level_name(lv));
+    ops::set_simd_level(lv);
+    for (int n : {1, 2, 7, 8, 15, 16, 17, 33, 100, 32000}) {
+      for (int trial = 0; trial < 6; ++trial) {
+        auto x = randn(size_t(n), uint32_t(100 * n + trial));
+        // ties at the maximum (a coarse grid), NaNs, infinities, signed zeros
+        if (trial == 1) for (float& v : x) v = std::round(v);
+        if (trial == 2) for (size_t i = 0; i < x.size(); i += 3) x[i] = NAN;
+        if (trial == 3) for (size_t i = 1; i < x.size(); i += 5) x[i] = -INFINITY;
+        if (trial == 4) for (float& v : x) v = (rng() & 1) ? 0.f : -0.f;
+        if (trial == 5) x[rng() % x.size()] = INFINITY;
+        ASSERT_EQ(ops::argmax(x.data(), n), plain(x)) << "n " << n << " trial " << trial;
+      }
+    }
+    std::vector<float> nan(40, NAN);
+    EXPECT_EQ(ops::argmax(nan.data(), 40), 0);
+  }
+}
+
+TEST(Sampling, ExpWeightsAreTheSameBitsAtEveryLevel) {
+  SimdGuard g;
+  for (int n : {1, 7, 8, 9, 15, 16, 17, 100, 4099, 32000}) {
+    auto x = randn(size_t(n), uint32_t(n));
+    for (float& v : x) v *= 4.f;
+    if (n > 1) x[0] = -2000.f;  // a weight below e^-700: 0
+    const double m = *std::max_element(x.begin(), x.end());
+    std::vector<double> ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    ops::set_simd_level(ops::SimdLevel::Scalar);
+    const double total_ref = ops::exp_weights(x.data(), n, m, 1.25, ref.data());
+    double part[8] = {};
+    for (int i = 0; i < n; ++i) part[i % 8] += ref[size_t(i)];
+    EXPECT_EQ(total_ref, ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])));
+    if (n > 1) EXPECT_EQ(ref[0], 0.0);
+    for (ops::SimdLevel lv : ops::available_simd_levels()) {
+      SCOPED_TRACE(ops::simd_level_name(lv));
+      ops::set_simd_level(lv);
+      const double total = ops::exp_weights(x.data(), n, m, 1.25, got.data());
+      EXPECT_EQ(total, total_ref) << "n " << n;
+      EXPECT_EQ(std::memcmp(got.data(), ref.data(), size_t(n) * sizeof(double)), 0) << "n " << n;
+    }
+  }
+}
+
+TEST(Sampling, ExpReferenceIsWithinTwoUlpOfLibm) {
+  double worst = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const double t = -700.0 * i / 200000.0;
+    const double want = std::exp(t), got = ops::exp_reference(t);
+    worst = std::max(worst, std::fabs(got - want) / (std::nextafter(want, INFINITY) - want));
+  }
+  EXPECT_LE(worst, 2.0);
+  EXPECT_EQ(ops::exp_reference(0.0), 1.0);
+  EXPECT_EQ(ops::exp_reference(-700.5), 0.0);
+  EXPECT_EQ(ops::exp_reference(-INFINITY), 0.0);
+  EXPECT_EQ(ops::exp_reference(NAN), 0.0);
+  std::printf("exp_reference: worst %.2f ulp against std::exp over [-700, 0]\n", worst);
+}
+
 TEST(Elementwise, SimdSiluSoftmaxAxpyMatchScalar) {
   SimdGuard g;
   for (ops::SimdLevel lv : ops::available_simd_levels()) {

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -74,6 +75,43 @@ TEST(Sampler, FrequenciesFollowSoftmaxAtTemperatureWithTopK) {
     EXPECT_NEAR(n[100] / double(N), w[1] / z, 0.02) << k;
     EXPECT_NEAR(n[299] / double(N), w[2] / z, 0.02) << k;
   }
+}
+
+// top-p over a vocabulary with a tail: the kept prefix and the frequencies inside it
+// follow the softmax renormalised over that prefix (the weights from ops::exp_weights).
+TEST(Sampler, TopPFrequenciesFollowTheKeptPrefix) {
+  std::vector<float> l(3000, -4.f);
+  l[2500] = 2.f, l[10] = 1.5f, l[700] = 1.f;
+  const double T = 0.7, e = std::exp(-4 / T);
+  const double w[3] = {std::exp(2 / T), std::exp(1.5 / T), std::exp(1 / T)};
+  const double z = w[0] + w[1] + w[2] + 2997 * e;
+  // top_p between the mass of the first two and of the first three: three are kept.
+  const double p = (w[0] + w[1] + 0.5 * w[2]) / z;
+  Sampler s({T, 0, p, 23});
+  std::map<int, int> n;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) ++n[s.sample(l)];
+  EXPECT_EQ(n.size(), 3u);
+  const double kept = w[0] + w[1] + w[2];
+  EXPECT_NEAR(n[2500] / double(N), w[0] / kept, 0.02);
+  EXPECT_NEAR(n[10] / double(N), w[1] / kept, 0.02);
+  EXPECT_NEAR(n[700] / double(N), w[2] / kept, 0.02);
+}
+
+// A NaN logit is never drawn, with or without top-k / top-p (such logits take the
+// general path; the decoders reject non-finite logits before sampling anyway).
+TEST(Sampler, NanLogitsAreNeverDrawn) {
+  std::vector<float> l = {NAN, 0.5f, NAN, 0.4f, 0.1f, NAN};
+  for (const SamplerConfig& c : {SamplerConfig{1.0, 0, 1.0, 3}, SamplerConfig{1.0, 0, 0.9, 3},
+                                 SamplerConfig{1.0, 2, 1.0, 3}, SamplerConfig{0.0, 0, 1.0, 3}}) {
+    Sampler s(c);
+    for (int i = 0; i < 200; ++i) {
+      const int id = s.sample(l);
+      ASSERT_TRUE(id == 1 || id == 3 || id == 4) << id;
+    }
+  }
+  std::vector<float> all_nan(4, NAN);
+  EXPECT_THROW(Sampler({1.0, 0, 1.0, 3}).sample(all_nan), Error);
 }
 
 TEST(Sampler, SameSeedSameSequence) {
