@@ -35,7 +35,7 @@ if has tests; then
     filter | tee "$OUT/tests_nofuse.txt" | grep -E "FAILED|PASSED|Failure|Expected|Which is|graphs on|CUDA graphs off"
   echo "== sample cpu vs cuda (stories260K, greedy)"
   sample_cpu_vs_gpu 200 "--kv-quantize fp16" "--kv-quantize int4" "--kv-quantize int2 --kivi-group 8 --kivi-residual 16" \
-    "--kv-quantize fp16 --sink 4 --window 40" "--kv-quantize int4 --kivi-group 8 --kivi-residual 16 --sink 4 --window 40"
+    "--kv-quantize fp16 --streaming-llm-sink 4 --streaming-llm-window 40" "--kv-quantize int4 --kivi-group 8 --kivi-residual 16 --streaming-llm-sink 4 --streaming-llm-window 40"
   echo "== perplexity through the cache, real text (stories260K, 4 windows of 256)"
   ppl_cpu_vs_gpu 4 "fp16" "int4" "int8 --kivi-group 8 --kivi-residual 16"
   unset PTLLM_CUDA_GRAPH
