@@ -68,22 +68,40 @@ double exp_scalar(double t) {
 // The 8 partial sums (lane j over i = j mod 8, in order) added in one fixed tree.
 double add_partials(const double* s) { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
 
-int64_t argmax_scalar(const float* x, int64_t n) {
+// The pieces every variant ends with (the vector ones on their lanes' results and the
+// elements past the last full vector), so that all of them compute the same thing:
+// the largest of `lanes` partial maxima and x[i..n) (`x > m`: a NaN never wins) ...
+float max_rest(const float* lanes, int n_lanes, const float* x, int64_t i, int64_t n) {
   float m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i)
+  for (int j = 0; j < n_lanes; ++j)
+    if (lanes[j] > m) m = lanes[j];
+  for (; i < n; ++i)
     if (x[i] > m) m = x[i];
-  for (int64_t i = 0; i < n; ++i)
-    if (x[i] == m) return i;
-  return 0;  // every value NaN
+  return m;
 }
 
-double exp_weights_scalar(const float* x, int64_t n, double m, double s, double* w) {
-  double part[8] = {};
-  for (int64_t i = 0; i < n; ++i) {
+// ... the first index in [i, n) holding m (0 when none: every value NaN) ...
+int64_t first_equal(const float* x, int64_t i, int64_t n, float m) {
+  for (; i < n; ++i)
+    if (x[i] == m) return i;
+  return 0;
+}
+
+// ... and the weights of x[i..n) added to the 8 partial sums (lane j: i = j mod 8), then
+// the partials' fixed tree.
+double weights_rest(const float* x, int64_t i, int64_t n, double m, double s, double* w, double* part) {
+  for (; i < n; ++i) {
     w[i] = exp_scalar((double(x[i]) - m) * s);
     part[i % 8] += w[i];
   }
   return add_partials(part);
+}
+
+int64_t argmax_scalar(const float* x, int64_t n) { return first_equal(x, 0, n, max_rest(nullptr, 0, x, 0, n)); }
+
+double exp_weights_scalar(const float* x, int64_t n, double m, double s, double* w) {
+  double part[8] = {};
+  return weights_rest(x, 0, n, m, s, w, part);
 }
 
 #if PTLLM_X86
@@ -113,19 +131,13 @@ int64_t argmax_avx2(const float* x, int64_t n) {
   for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + i), mv);
   alignas(32) float l[8];
   _mm256_store_ps(l, mv);
-  float m = -INFINITY;
-  for (int j = 0; j < 8; ++j)
-    if (l[j] > m) m = l[j];
-  for (; i < n; ++i)
-    if (x[i] > m) m = x[i];
+  const float m = max_rest(l, 8, x, i, n);
   const __m256 mm = _mm256_set1_ps(m);
   for (i = 0; i + 8 <= n; i += 8) {
     const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mm, _CMP_EQ_OQ));
     if (mask) return i + __builtin_ctz(unsigned(mask));
   }
-  for (; i < n; ++i)
-    if (x[i] == m) return i;
-  return 0;
+  return first_equal(x, i, n, m);
 }
 
 double exp_weights_avx2(const float* x, int64_t n, double m, double s, double* w) {
@@ -144,11 +156,7 @@ double exp_weights_avx2(const float* x, int64_t n, double m, double s, double* w
   alignas(32) double part[8];
   _mm256_store_pd(part, p0);
   _mm256_store_pd(part + 4, p1);
-  for (; i < n; ++i) {
-    w[i] = exp_scalar((double(x[i]) - m) * s);
-    part[i % 8] += w[i];
-  }
-  return add_partials(part);
+  return weights_rest(x, i, n, m, s, w, part);
 }
 
 #pragma GCC pop_options
@@ -182,19 +190,13 @@ int64_t argmax_avx512(const float* x, int64_t n) {
   for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(_mm512_loadu_ps(x + i), mv);
   alignas(64) float l[16];
   _mm512_store_ps(l, mv);
-  float m = -INFINITY;
-  for (int j = 0; j < 16; ++j)
-    if (l[j] > m) m = l[j];
-  for (; i < n; ++i)
-    if (x[i] > m) m = x[i];
+  const float m = max_rest(l, 16, x, i, n);
   const __m512 mm = _mm512_set1_ps(m);
   for (i = 0; i + 16 <= n; i += 16) {
     const __mmask16 mask = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), mm, _CMP_EQ_OQ);
     if (mask) return i + __builtin_ctz(unsigned(mask));
   }
-  for (; i < n; ++i)
-    if (x[i] == m) return i;
-  return 0;
+  return first_equal(x, i, n, m);
 }
 
 double exp_weights_avx512(const float* x, int64_t n, double m, double s, double* w) {
@@ -208,11 +210,7 @@ double exp_weights_avx512(const float* x, int64_t n, double m, double s, double*
   }
   alignas(64) double part[8];
   _mm512_store_pd(part, acc);
-  for (; i < n; ++i) {
-    w[i] = exp_scalar((double(x[i]) - m) * s);
-    part[i % 8] += w[i];
-  }
-  return add_partials(part);
+  return weights_rest(x, i, n, m, s, w, part);
 }
 
 #pragma GCC diagnostic pop
