@@ -113,32 +113,35 @@ void Model::forward(const int32_t* tokens, int64_t n, KVCache& cache, float* log
   run(tokens, n, &c, 1, logits, all_logits);
 }
 
-void Model::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) const {
-  if (B < 1) fail("forward_batch: {} sequences (expected >= 1)", B);
+// What forward_batch and forward_prompts require of their sequences: at least one, a cache
+// of its own each, and room in it for its tokens (counts[b], or one each when counts is
+// null). Returns the number of tokens in all.
+static int64_t check_sequences(const char* what, int64_t B, KVCache* const* caches, const int64_t* counts) {
+  if (B < 1) fail("{}: {} sequences (expected >= 1)", what, B);
+  int64_t n = 0;
   for (int64_t b = 0; b < B; ++b) {
-    if (!caches[b]) fail("forward_batch: sequence {} has no cache", b);
+    if (!caches[b]) fail("{}: sequence {} has no cache", what, b);
     for (int64_t a = 0; a < b; ++a)
-      if (caches[a] == caches[b]) fail("forward_batch: sequences {} and {} share one cache", a, b);
-    if (caches[b]->room() < 1) fail("forward_batch: the cache of sequence {} is full", b);
+      if (caches[a] == caches[b]) fail("{}: sequences {} and {} share one cache", what, a, b);
+    const int64_t k = counts ? counts[b] : 1;
+    if (k < 1) fail("{}: sequence {} has {} tokens (expected >= 1)", what, b, k);
+    if (!counts && caches[b]->room() < 1) fail("{}: the cache of sequence {} is full", what, b);
+    if (k > caches[b]->room())
+      fail("{}: sequence {} has {} tokens but its cache has room for {}", what, b, k, caches[b]->room());
+    n += k;
   }
+  return n;
+}
+
+void Model::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* caches, float* logits) const {
+  check_sequences("forward_batch", B, caches, nullptr);
   if (auto* d = dynamic_cast<DeviceKVCache*>(caches[0])) return d->forward_batch(tokens, B, caches, logits);
   run(tokens, B, caches, B, logits, /*all_logits=*/true);
 }
 
 void Model::forward_prompts(const int32_t* tokens, const int64_t* counts, int64_t B, KVCache* const* caches,
                             float* logits) const {
-  if (B < 1) fail("forward_prompts: {} sequences (expected >= 1)", B);
-  int64_t n = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    if (!caches[b]) fail("forward_prompts: sequence {} has no cache", b);
-    for (int64_t a = 0; a < b; ++a)
-      if (caches[a] == caches[b]) fail("forward_prompts: sequences {} and {} share one cache", a, b);
-    if (counts[b] < 1) fail("forward_prompts: sequence {} has {} tokens (expected >= 1)", b, counts[b]);
-    if (counts[b] > caches[b]->room())
-      fail("forward_prompts: sequence {} has {} tokens but its cache has room for {}", b, counts[b],
-           caches[b]->room());
-    n += counts[b];
-  }
+  const int64_t n = check_sequences("forward_prompts", B, caches, counts);
   if (dynamic_cast<DeviceKVCache*>(caches[0])) {
     const int64_t V = config_.vocab_size;
     for (int64_t b = 0, at = 0; b < B; at += counts[b], ++b) forward(tokens + at, counts[b], *caches[b], logits + b * V, false);
