@@ -31,6 +31,7 @@ namespace ptllm::cuda {
 
 namespace {
 std::atomic<int64_t> g_captured{0}, g_replayed{0}, g_direct{0};  // testing::graph_counts
+std::atomic<int64_t> g_folded{0};                                 // testing::norm_folded_steps
 }  // namespace
 
 struct GpuLayer {
@@ -64,7 +65,7 @@ class Engine {
   // y[M, N] (+)= x W^T + bias: the GEMV kernel, or a cuBLAS GEMM (no bias) when gemm_ is set for
   // this step (run: gemm_rows_ rows or more, and fp32 weights or a decode batch).
   void linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
-              cudaStream_t s);
+              cudaStream_t s, const k::GemvPrefetch* next = nullptr);
   bool use_gemm_ = false;
   const Model& m_;
   Gemm* gemm_ = nullptr;
@@ -79,6 +80,11 @@ class Engine {
   bool use_pinned_ = true;  // PTLLM_CUDA_PINNED=0: copy the logits to the caller's memory directly
   // Decode steps (one token per sequence, GEMV path) as a replayed CUDA graph: PTLLM_CUDA_GRAPH=1.
   bool use_graph_ = false;
+  // One-row steps fold each RMSNorm into the GEMV after it: PTLLM_CUDA_NORM_FOLD=1.
+  bool fold_norm_ = false;
+  // One-row steps' GEMVs prefetch up to this many bytes of the next GEMV's weights into L2
+  // (k::GemvPrefetch): PTLLM_CUDA_L2_PREFETCH=MB, 0 (off) by default.
+  int64_t prefetch_bytes_ = 0;
   cudaGraphExec_t graph_exec_ = nullptr;
   std::vector<int64_t> graph_key_;  // what graph_exec_ was captured with
   float* pinned_ = nullptr;
@@ -143,6 +149,18 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   // passes every test but decodes the 1B shape no faster (its kernels, not its launches, set
   // the step); only a launch-bound model gains (stories260K 1.36-1.45x).
   use_graph_ = env_int("PTLLM_CUDA_GRAPH", 0) != 0;
+  // PTLLM_CUDA_NORM_FOLD=1: a one-row step folds each RMSNorm into the GEMV after it (the
+  // fused q/k/v, the SwiGLU and the LM head launches: k::GemvNorm), 33 launches fewer per
+  // step of the 1B shape, where the one-block norm was 11% of the kernel time (docs/CUDA.md,
+  // Session 24). Off until it has run on a GPU (written in session 25 without one).
+  fold_norm_ = env_int("PTLLM_CUDA_NORM_FOLD", 0) != 0;
+  // PTLLM_CUDA_L2_PREFETCH=MB: in a one-row step, each fused GEMV launch ends by prefetching
+  // into L2 the first MB of the weights the next GEMV reads (q/k/v -> o, o -> gate and up, the
+  // SwiGLU -> down, down -> the next layer's q and k or the LM head), so that DRAM keeps
+  // streaming through the launches' tails and the attention kernels between them, where the
+  // 1B step's GEMVs read at 1.2-2.3 TB/s against the LM head's 3.6 (docs/CUDA.md, Session
+  // 24). Off until it has run on a GPU (written in session 25 without one).
+  prefetch_bytes_ = env_int("PTLLM_CUDA_L2_PREFETCH", 0) << 20;
   if (gemm_rows_ > 0) gemm_ = Gemm::get();
   const TensorView& emb = m.tensors().get("model.embed_tokens.weight");
   if (wt == WeightType::Auto)
@@ -197,9 +215,9 @@ std::shared_ptr<DevBuf> Engine::upload(const TensorView& t, bool matrix) {
 }
 
 void Engine::linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
-                    cudaStream_t s) {
+                    cudaStream_t s, const k::GemvPrefetch* next) {
   if (use_gemm_ && !bias) return gemm_->run(we_, W.p, x, xb_.p, y, M, N, K, acc, s);
-  k::gemv(we_, W.p, x, bias ? bias->f() : nullptr, y, M, N, K, acc, s);
+  k::gemv(we_, W.p, x, bias ? bias->f() : nullptr, y, M, N, K, acc, s, next);
 }
 
 template <class F>
@@ -340,18 +358,36 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   const int64_t rows = all_logits ? n : 1;
   cudaStream_t s = stream_;
   // The step's launches, from the embedding to the logits in lg.
+  // The norms folded into the GEMVs after them (k::GemvNorm): only where those are one-row
+  // launches (a decode step; the kernels fall back to a separate norm for anything else).
+  const bool fold = fold_norm_ && fuse_ && !use_gemm_ && k::gemv_folds_norm(we_, int(n), int(H), x);
+  if (fold) ++g_folded;
+  // L2 prefetch ranges (k::GemvPrefetch) for one-row fused GEMV launches: up to
+  // prefetch_bytes_ in all from the start of the weights named.
+  const bool prefetch = prefetch_bytes_ > 0 && fuse_ && !use_gemm_ && n == 1 && we_ != k::Elem::F32;
+  const int64_t es = k::elem_bytes(we_);
+  const auto next_of = [&](const DevBuf* a, int64_t a_bytes, const DevBuf* b, int64_t b_bytes) {
+    k::GemvPrefetch p;
+    if (!prefetch) return p;
+    const int64_t first = std::min(a_bytes, b ? prefetch_bytes_ / 2 : prefetch_bytes_);
+    p.p[0] = a->p, p.bytes[0] = first & ~int64_t(15);
+    if (b) p.p[1] = b->p, p.bytes[1] = std::min(b_bytes, prefetch_bytes_ - first) & ~int64_t(15);
+    return p;
+  };
   const auto enqueue = [&] {
     k::embed(we_, embed_->p, static_cast<const int32_t*>(ids_.p), int(n), int(H), x, s);
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const GpuLayer& w = layers_[size_t(l)];
-      k::rmsnorm(x, w.attn_norm->f(), eps, int(n), int(H), xn, s);
+      if (!fold) k::rmsnorm(x, w.attn_norm->f(), eps, int(n), int(H), xn, s);
       if (fuse_ && !use_gemm_) {
         k::GemvSegs qkv;
         qkv.o[0] = k::GemvOut{w.wq->p, w.bq ? w.bq->f() : nullptr, q, int(QD), false};
         qkv.o[1] = k::GemvOut{w.wk->p, w.bk ? w.bk->f() : nullptr, kk, int(KD), false};
         qkv.o[2] = k::GemvOut{w.wv->p, w.bv ? w.bv->f() : nullptr, vv, int(KD), false};
         qkv.n = 3;
-        k::gemv_multi(we_, qkv, xn, int(n), int(H), s);
+        if (fold) qkv.norm = k::GemvNorm{w.attn_norm->f(), eps, xn};
+        qkv.next = next_of(w.wo.get(), QD * H * es, nullptr, 0);
+        k::gemv_multi(we_, qkv, fold ? x : xn, int(n), int(H), s);
       } else {
         linear(*w.wq, xn, w.bq.get(), q, int(n), int(QD), int(H), false, s);
         linear(*w.wk, xn, w.bk.get(), kk, int(n), int(KD), int(H), false, s);
@@ -367,20 +403,33 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
         attend_layer(*caches[b], l, kk + r0 * KD, kraw + r0 * KD, vv + r0 * KD, q + r0 * QD, d_qcs + r0 * 2 * hd,
                      first[size_t(b)], nb, int(NH), scale, att + r0 * QD, part, s, rope_in_append ? d_kcs : nullptr);
       }
-      linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s);
-      k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
-      if (fuse_ && !use_gemm_) {
-        k::gemv_swiglu(we_, w.gate->p, w.up->p, xn, gate, int(n), int(F), int(H), s);
+      const k::GemvPrefetch to_glu = next_of(w.gate.get(), F * H * es, w.up.get(), F * H * es);
+      linear(*w.wo, att, nullptr, x, int(n), int(H), int(QD), true, s, &to_glu);
+      if (!fold) k::rmsnorm(x, w.ffn_norm->f(), eps, int(n), int(H), xn, s);
+      if (fold) {
+        k::gemv_swiglu(we_, w.gate->p, w.up->p, x, gate, int(n), int(F), int(H), s,
+                       k::GemvNorm{w.ffn_norm->f(), eps, xn}, next_of(w.down.get(), H * F * es, nullptr, 0));
+      } else if (fuse_ && !use_gemm_) {
+        k::gemv_swiglu(we_, w.gate->p, w.up->p, xn, gate, int(n), int(F), int(H), s, k::GemvNorm{},
+                       next_of(w.down.get(), H * F * es, nullptr, 0));
       } else {
         linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
         linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
         k::silu_mul(gate, up, n * F, s);
       }
-      linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s);
+      const k::GemvPrefetch to_next =
+          l + 1 < c.n_layers ? next_of(layers_[size_t(l + 1)].wq.get(), QD * H * es, layers_[size_t(l + 1)].wk.get(),
+                                       KD * H * es)
+                             : next_of(lm_head_.get(), V * H * es, nullptr, 0);
+      linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s, &to_next);
     }
     const float* xl = all_logits ? x : x + (n - 1) * H;
-    k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);
-    linear(*lm_head_, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
+    if (fold) {
+      k::gemv_normed(we_, lm_head_->p, xl, k::GemvNorm{final_norm_->f(), eps, xn}, lg, int(rows), int(V), int(H), s);
+    } else {
+      k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);
+      linear(*lm_head_, xn, nullptr, lg, int(rows), int(V), int(H), false, s);
+    }
   };
   // A decode step through the batched launch, with no cuBLAS GEMM (its own launches) and
   // no KIVI group flush (launched with this step's ring rows as arguments), replays the
@@ -435,6 +484,7 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
 
 namespace testing {
 GraphCounts graph_counts() { return GraphCounts{g_captured.load(), g_replayed.load(), g_direct.load()}; }
+int64_t norm_folded_steps() { return g_folded.load(); }
 }  // namespace testing
 
 namespace {

@@ -45,10 +45,21 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int H,
 }
 
 // The segment of a launch's concatenated output row n; n becomes the row within it.
-__device__ __forceinline__ const GemvOut& seg_of(const GemvSegs& segs, int& n) {
-  int sg = 0;
-  while (sg + 1 < segs.n && n >= segs.o[sg].N) n -= segs.o[sg++].N;
-  return segs.o[sg];
+// Unrolled over kMaxSegs with constant indices and returned by value: indexing the
+// kernel parameter by a run-time segment number made every GEMV kernel copy the whole
+// GemvSegs to a local-memory stack frame first (ptxas: 104 bytes).
+__device__ __forceinline__ GemvOut seg_of(const GemvSegs& segs, int& n) {
+  GemvOut r = segs.o[0];
+  bool more = true;
+#pragma unroll
+  for (int i = 1; i < kMaxSegs; ++i) {
+    more = more && i < segs.n && n >= r.N;
+    if (more) {
+      n -= r.N;
+      r = segs.o[i];
+    }
+  }
+  return r;
 }
 
 // Output row n of segment o from its sums v (kGlu: v[0] the gate's, v[1] the up's).
@@ -81,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int part = warp % wpr;
   int n = blockIdx.x * (kWarps / wpr) + warp / wpr;
-  const GemvOut& o = seg_of(segs, n);
+  const GemvOut o = seg_of(segs, n);
   constexpr int kAcc = kGlu ? 2 : 1;
   __shared__ float red[kAcc][kWarps][kRows];
   float acc[kAcc][kRows] = {};
@@ -145,16 +156,22 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
 }
 
 // One chunk of kU 16-byte words per lane (words v0 + 32u + lane of a weight row, in raw)
-// into acc: 8-element FMA chains per word in order, x widened from fp32 pairs of float4.
-template <class T, int kAcc, int kU>
-__device__ __forceinline__ void gemv_chunk(const uint4 (*raw)[kU], const float4* __restrict__ xv, int v0, int nv,
-                                           float* acc) {
+// into acc: 8-element FMA chains per word in order, x widened from fp32 pairs of float4
+// (kNorm: times the norm weight's gv, the same words of it).
+template <class T, int kAcc, int kU, bool kNorm>
+__device__ __forceinline__ void gemv_chunk(const uint4 (*raw)[kU], const float4* __restrict__ xv,
+                                           const float4* __restrict__ gv, int v0, int nv, float* acc) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const int v = v0 + u * 32 + lane;
     if (v < nv) {
-      const float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
+      float4 x0 = __ldg(xv + 2 * v), x1 = __ldg(xv + 2 * v + 1);
+      if (kNorm) {
+        const float4 g0 = __ldg(gv + 2 * v), g1 = __ldg(gv + 2 * v + 1);
+        x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+        x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+      }
       const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) {
@@ -167,6 +184,42 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (*raw)[kU], const float4*
   }
 }
 
+// 1 / rms of the row x [K] (nv = K / 8 float4 pairs), summed by the calling warp alone (lane-
+// strided pairs in order, then the butterfly: the same value in every warp that calls it),
+// the final step in double as rmsnorm_kernel's. x was written by the previous launch: after
+// pdl_enter(). The row is 8-32 KB, read from L2 by every warp of an SM and then from L1,
+// while the warp's first weight chunk is in flight.
+__device__ __forceinline__ float warp_inv_rms(const float4* __restrict__ xv, int nv, int K, float eps) {
+  float ss = 0;
+  for (int v = threadIdx.x & 31; v < nv; v += 32) {
+    const float4 a = __ldg(xv + 2 * v), b = __ldg(xv + 2 * v + 1);
+    ss = fmaf(a.x, a.x, ss), ss = fmaf(a.y, a.y, ss), ss = fmaf(a.z, a.z, ss), ss = fmaf(a.w, a.w, ss);
+    ss = fmaf(b.x, b.x, ss), ss = fmaf(b.y, b.y, ss), ss = fmaf(b.z, b.z, ss), ss = fmaf(b.w, b.w, ss);
+  }
+  ss = warp_sum(ss);
+  return float(1.0 / sqrt(double(ss) / double(K) + double(eps)));
+}
+
+// Warp `warp` of `warps` (the launch's) issues its share of pf's ranges as one bulk L2
+// prefetch per range from lane 0: contiguous shares of a multiple of 16 bytes, in warp
+// order. Called by every warp once it has no row left (GemvPrefetch, kernels.h).
+__device__ __forceinline__ void prefetch_share(const GemvPrefetch& pf, int warp, int warps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t bytes = pf.bytes[r];
+    if (bytes <= 0) continue;
+    const int64_t share = ((bytes + warps - 1) / warps + 15) & ~int64_t(15);
+    const int64_t a = share * warp;
+    if (a >= bytes) continue;
+    const uint32_t len = uint32_t(bytes - a < share ? bytes - a : share);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(pf.p[r]) + a), "r"(len)
+                 : "memory");
+  }
+#endif
+}
+
 // One input row (a decode step) with 2-byte weights: a warp per output row, each
 // lane kU 16-byte weight loads issued before their multiply-adds (kU x 512 bytes of
 // a row in flight per warp), x read through the read-only cache, one warp reduction
@@ -174,15 +227,17 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (*raw)[kU], const float4*
 // 8 warps with a barrier per block and one load in flight per lane, and reached
 // ~30% of the H200's bandwidth on the 1B shape (docs/CUDA.md, Session 13). Segments
 // and kGlu as above; per row the sum is lane-strided 8-element chunks in order,
-// then the warp's butterfly, whichever segments share the launch.
+// then the warp's butterfly, whichever segments share the launch. kNorm: x is the
+// un-normalised row and segs.norm's weight multiplies it; each row's sum is then
+// scaled by warp_inv_rms (GemvNorm, kernels.h).
 constexpr int kRowsPerBlock1 = 4;
-template <class T, bool kGlu>
+template <class T, bool kGlu, bool kNorm>
 __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs segs, const float* __restrict__ x, int K) {
   constexpr int kU = 8;
   constexpr int kAcc = kGlu ? 2 : 1;
   const int lane = threadIdx.x & 31;
   int n = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5);
-  const GemvOut& o = seg_of(segs, n);
+  const GemvOut o = seg_of(segs, n);
   const bool live = n < o.N;
   const uint4* w[kAcc];
   w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(o.W) + int64_t(live ? n : 0) * K);
@@ -206,15 +261,19 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs seg
   // without PDL, 724-726 with it (docs/CUDA.md, Session 15).
   load(0);
   pdl_enter();
-  if (!live) return;
+  const int warp_id = blockIdx.x * kRowsPerBlock1 + (threadIdx.x >> 5), warps = gridDim.x * kRowsPerBlock1;
+  if (!live) return prefetch_share(segs.next, warp_id, warps);
+  const float4* gv = reinterpret_cast<const float4*>(segs.norm.w);
+  const float inv = kNorm ? warp_inv_rms(xv, nv, K, segs.norm.eps) : 1.f;
   for (int v0 = 0; v0 < nv; v0 += 32 * kU) {
     if (v0 > 0) load(v0);
-    gemv_chunk<T, kAcc, kU>(raw, xv, v0, nv, acc);
+    gemv_chunk<T, kAcc, kU, kNorm>(raw, xv, gv, v0, nv, acc);
   }
   float v[2];
 #pragma unroll
-  for (int a = 0; a < kAcc; ++a) v[a] = warp_sum(acc[a]);
+  for (int a = 0; a < kAcc; ++a) v[a] = kNorm ? warp_sum(acc[a]) * inv : warp_sum(acc[a]);
   if (lane == 0) gemv_store<kGlu>(o, n, v);
+  prefetch_share(segs.next, warp_id, warps);
 }
 
 // gemv1_kernel with a warp walking rows n, n + W, ... (W = the grid's warps, a few
@@ -222,11 +281,13 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1_kernel(GemvSegs seg
 // the current one's multiply-adds, so a warp's loads stay in flight across rows (in
 // gemv1_kernel every warp waits for its one row at the same time as the others of its
 // wave). Each row's sum is gemv1_kernel's: the same chunks in the same order per lane,
-// then the warp's butterfly (bit-identical; FusedGemvMatchesSeparateLaunches).
-template <class T, bool kGlu>
+// then the warp's butterfly (bit-identical; FusedGemvMatchesSeparateLaunches), at any kU
+// (words per lane per chunk: a lane's words are v = lane, lane + 32, ... in order either
+// way). kU 4 holds half the registers of 8 (the kGlu kernel: two rows' chunks, current and
+// next), so more blocks stay resident, with half the bytes in flight per warp.
+template <class T, bool kGlu, bool kNorm, int kU>
 __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs segs, const float* __restrict__ x,
                                                                     int K, int N) {
-  constexpr int kU = 8;
   constexpr int kAcc = kGlu ? 2 : 1;
   const int lane = threadIdx.x & 31;
   const int stride = gridDim.x * kRowsPerBlock1;
@@ -253,7 +314,10 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
     load(w, 0, cur);  // weights only before the wait, as in gemv1_kernel
   }
   pdl_enter();
-  if (n >= N) return;
+  const int warp_id = n, warps = stride;  // (n: the warp's first row, blockIdx.x * 4 + warp)
+  if (n >= N) return prefetch_share(segs.next, warp_id, warps);
+  const float4* gv = reinterpret_cast<const float4*>(segs.norm.w);
+  const float inv = kNorm ? warp_inv_rms(xv, nv, K, segs.norm.eps) : 1.f;
   float acc[kAcc] = {};
   while (n < N) {
     // The next chunk: the rest of this row, else the warp's next row.
@@ -267,17 +331,17 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
       if (nn < N) rows(nn, wn);
     }
     if (nn < N) load(wn, nv0, next);
-    gemv_chunk<T, kAcc, kU>(cur, xv, v0, nv, acc);
+    gemv_chunk<T, kAcc, kU, kNorm>(cur, xv, gv, v0, nv, acc);
     if (nn != n) {  // row n is complete
       float v[2];
 #pragma unroll
       for (int a = 0; a < kAcc; ++a) {
-        v[a] = warp_sum(acc[a]);
+        v[a] = kNorm ? warp_sum(acc[a]) * inv : warp_sum(acc[a]);
         acc[a] = 0;
       }
       if (lane == 0) {
         int r = n;
-        const GemvOut& o = seg_of(segs, r);
+        const GemvOut o = seg_of(segs, r);
         gemv_store<kGlu>(o, r, v);
       }
     }
@@ -290,6 +354,7 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
     n = nn;
     v0 = nv0;
   }
+  prefetch_share(segs.next, warp_id, warps);
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
@@ -527,45 +592,100 @@ static int resident_blocks(Kernel kernel, int threads) {
   return b;
 }
 
+// PTLLM_CUDA_GEMV1=0: one row takes the kernel above too (before session 13); =1 gemv1_kernel
+// (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead); =3, the
+// default: gemv1_kernel when every row has a resident warp of its own, gemv1p_kernel for
+// more rows (the 1B shape on the H200: 587-592 tok/s against 570-579 with =2 and 542-554
+// with =1, alternated in one call; docs/CUDA.md, Session 13).
+static int gemv1_mode() {
+  static const int m = [] {
+    const char* v = std::getenv("PTLLM_CUDA_GEMV1");
+    return v && v[0] >= '0' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 3;
+  }();
+  return m;
+}
+
+// PTLLM_CUDA_GLU_U=4: the row-walking SwiGLU kernel loads 4 words per lane per chunk instead
+// of 8 (fewer registers, more resident blocks; the same sums). 8 until measured on the GPU.
+static int glu_words() {
+  static const int u = [] {
+    const char* v = std::getenv("PTLLM_CUDA_GLU_U");
+    return v && v[0] == '4' && v[1] == 0 ? 4 : 8;
+  }();
+  return u;
+}
+
+static int sm_count() {
+  static const int n = [] {
+    int d = 0, c = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess)
+      return 132;
+    return c;
+  }();
+  return n;
+}
+
+// The one-row kernels take a launch: one row of 2-byte weights, K a whole number of 16-byte
+// words and x (and a folded norm's weight) 16-byte aligned for float4 loads (the workspace
+// rows and device buffers are, at K % 8 == 0).
+static bool one_row(bool two_byte, int M, int K, const float* x, const float* norm_w) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return two_byte && gemv1_mode() != 0 && M == 1 && K % 8 == 0 && aligned(x) && aligned(norm_w);
+}
+
+bool gemv_folds_norm(Elem e, int M, int K, const float* x) { return one_row(e != Elem::F32, M, K, x, nullptr); }
+
+template <class T, bool kGlu, bool kNorm, int kU>
+static void gemv1p_launch(const GemvSegs& segs, const float* x, int K, int N, int blocks, cudaStream_t s) {
+  // As many blocks as stay resident at once (registers decide: the kGlu kernel holds
+  // two rows' chunks twice), so that every warp walks its rows from the start.
+  static const int per_sm = resident_blocks(gemv1p_kernel<T, kGlu, kNorm, kU>, kRowsPerBlock1 * 32);
+  const int cap = per_sm * sm_count();
+  launch(gemv1p_kernel<T, kGlu, kNorm, kU>, blocks < cap ? blocks : cap, kRowsPerBlock1 * 32, 0, s, segs, x, K, N);
+}
+
+template <class T, bool kGlu, bool kNorm>
+static void gemv1_launch(const GemvSegs& segs, const float* x, int K, int N, cudaStream_t s) {
+  const int blocks = (N + kRowsPerBlock1 - 1) / kRowsPerBlock1;
+  const int mode = gemv1_mode();
+  static const int per_sm1 = resident_blocks(gemv1_kernel<T, kGlu, kNorm>, kRowsPerBlock1 * 32);
+  if (mode == 1 || (mode == 3 && blocks <= per_sm1 * sm_count())) {
+    launch(gemv1_kernel<T, kGlu, kNorm>, blocks, kRowsPerBlock1 * 32, 0, s, segs, x, K);
+    return;
+  }
+  if constexpr (kGlu) {
+    if (glu_words() == 4) return gemv1p_launch<T, kGlu, kNorm, 4>(segs, x, K, N, blocks, s);
+  }
+  gemv1p_launch<T, kGlu, kNorm, 8>(segs, x, K, N, blocks, s);
+}
+
 template <class T, bool kGlu>
-static void gemv_t(const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s) {
+static void gemv_t(GemvSegs segs, const float* x, int M, int K, cudaStream_t s) {
   int N = 0;
   for (int i = 0; i < segs.n; ++i) N += segs.o[i].N;
-  // Enough warps for the whole GPU (~132 SMs x 64 warps): split K over up to 8 warps per row.
-  int wpr = 1;
-  while (wpr < kWarps && int64_t(N) * wpr < 16384 && K >= wpr * 2 * 256) wpr *= 2;
   if constexpr (!std::is_same_v<T, float>) {
-    // x 16-byte aligned (float4 loads): the workspace rows are, at K % 8 == 0.
-    // PTLLM_CUDA_GEMV1=0: one row takes the kernel above too (before session 13); =1 gemv1_kernel
-    // (a warp per row); =2 gemv1p_kernel (warps walking rows, loads a chunk ahead); =3, the
-    // default: gemv1_kernel when every row has a resident warp of its own, gemv1p_kernel for
-    // more rows (the 1B shape on the H200: 587-592 tok/s against 570-579 with =2 and 542-554
-    // with =1, alternated in one call; docs/CUDA.md, Session 13).
-    static const int gemv1 = [] {
-      const char* v = std::getenv("PTLLM_CUDA_GEMV1");
-      return v && v[0] >= '0' && v[0] <= '3' && v[1] == 0 ? v[0] - '0' : 3;
-    }();
-    static const int n_sm = [] {
-      int d = 0, c = 0;
-      if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess)
-        return 132;
-      return c;
-    }();
-    if (gemv1 && M == 1 && K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-      const int blocks = (N + kRowsPerBlock1 - 1) / kRowsPerBlock1;
-      static const int per_sm1 = resident_blocks(gemv1_kernel<T, kGlu>, kRowsPerBlock1 * 32);
-      if (gemv1 == 1 || (gemv1 == 3 && blocks <= per_sm1 * n_sm))
-        launch(gemv1_kernel<T, kGlu>, blocks, kRowsPerBlock1 * 32, 0, s, segs, x, K);
-      else {
-        // As many blocks as stay resident at once (registers decide: the kGlu kernel holds
-        // two rows' chunks twice), so that every warp walks its rows from the start.
-        static const int per_sm = resident_blocks(gemv1p_kernel<T, kGlu>, kRowsPerBlock1 * 32);
-        const int cap = per_sm * n_sm;
-        launch(gemv1p_kernel<T, kGlu>, blocks < cap ? blocks : cap, kRowsPerBlock1 * 32, 0, s, segs, x, K, N);
+    if (one_row(true, M, K, x, segs.norm.w)) {
+      for (int r = 0; r < 2; ++r) {  // the bulk prefetch's operands: 16-byte aligned, whole 16-byte units
+        const bool ok = reinterpret_cast<uintptr_t>(segs.next.p[r]) % 16 == 0 && segs.next.bytes[r] % 16 == 0 &&
+                        segs.next.bytes[r] > 0 && segs.next.bytes[r] < (int64_t(1) << 40);
+        if (!ok) segs.next.p[r] = nullptr, segs.next.bytes[r] = 0;
       }
+      if (segs.norm.w)
+        gemv1_launch<T, kGlu, true>(segs, x, K, N, s);
+      else
+        gemv1_launch<T, kGlu, false>(segs, x, K, N, s);
       return;
     }
   }
+  segs.next = GemvPrefetch{};  // only the one-row kernels prefetch
+  if (segs.norm.w) {  // not folded: normalise into the scratch rows first
+    rmsnorm(x, segs.norm.w, segs.norm.eps, M, K, segs.norm.scratch, s);
+    x = segs.norm.scratch;
+    segs.norm = GemvNorm{};
+  }
+  // Enough warps for the whole GPU (~132 SMs x 64 warps): split K over up to 8 warps per row.
+  int wpr = 1;
+  while (wpr < kWarps && int64_t(N) * wpr < 16384 && K >= wpr * 2 * 256) wpr *= 2;
   const int rows_per_block = kWarps / wpr;
   const dim3 grid((N + rows_per_block - 1) / rows_per_block);
   for (int m0 = 0; m0 < M; m0 += kRows) {
@@ -587,10 +707,11 @@ static void gemv_e(Elem e, const GemvSegs& segs, const float* x, int M, int K, c
 }
 
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool acc,
-          cudaStream_t s) {
+          cudaStream_t s, const GemvPrefetch* next) {
   GemvSegs segs;
   segs.o[0] = GemvOut{W, bias, y, N, acc};
   segs.n = 1;
+  if (next) segs.next = *next;
   gemv_e<false>(e, segs, x, M, K, s);
 }
 
@@ -598,9 +719,20 @@ void gemv_multi(Elem e, const GemvSegs& segs, const float* x, int M, int K, cuda
   gemv_e<false>(e, segs, x, M, K, s);
 }
 
-void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
+void gemv_normed(Elem e, const void* W, const float* x, const GemvNorm& norm, float* y, int M, int N, int K,
                  cudaStream_t s) {
   GemvSegs segs;
+  segs.o[0] = GemvOut{W, nullptr, y, N, false};
+  segs.n = 1;
+  segs.norm = norm;
+  gemv_e<false>(e, segs, x, M, K, s);
+}
+
+void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
+                 cudaStream_t s, const GemvNorm& norm, const GemvPrefetch& next) {
+  GemvSegs segs;
+  segs.norm = norm;
+  segs.next = next;
   segs.o[0] = GemvOut{Wg, nullptr, y, N, false};
   segs.o[1] = GemvOut{Wu, nullptr, nullptr, N, false};
   segs.n = 1;  // the grid covers the N gate rows; kGlu reads segment 1's weights alongside

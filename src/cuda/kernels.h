@@ -23,8 +23,10 @@ void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out
 // W must not be written by work still pending on the stream: the one-row kernels
 // read their first weight chunk before waiting on the previous launch (programmatic
 // dependent launch, kernels_common.cuh). Weights are uploaded and synchronized once.
+// next: GemvPrefetch below.
+struct GemvPrefetch;
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool accumulate,
-          cudaStream_t s);
+          cudaStream_t s, const GemvPrefetch* next = nullptr);
 // Several projections of the same x in one launch: segment i is gemv(e, W, x,
 // bias, y, M, N, K, accumulate) of its own fields (q, k and v of a layer).
 struct GemvOut {
@@ -35,15 +37,43 @@ struct GemvOut {
   bool accumulate = false;
 };
 constexpr int kMaxSegs = 3;
+// An RMSNorm in front of a product: the product's input is rmsnorm(x[m, :]) * w (as
+// rmsnorm() writes it) where x is the launch's x, the un-normalised rows. With w set,
+// a one-row launch of 2-byte weights folds the norm into the GEMV (each warp sums x^2
+// over its row itself: y = inv_rms * W (w * x), one launch instead of two); any other
+// launch first writes rmsnorm(x) into scratch [M, K] and multiplies that. The two
+// round differently (fp32 sums; tests/cuda, NormFoldedGemvMatchesSeparateNorm).
+struct GemvNorm {
+  const float* w = nullptr;
+  float eps = 0;
+  float* scratch = nullptr;
+};
+// Weights a later launch reads first, prefetched into L2 by a one-row launch: after its
+// rows each warp issues one bulk prefetch (cp.async.bulk.prefetch.L2, sm_90) of its share
+// of each range, so that DRAM keeps streaming through the launch's tail and through the
+// latency-bound kernels after it (append, attention) instead of idling there. A hint: no
+// result depends on it. p 16-byte aligned, bytes a multiple of 16 (else the range is skipped).
+struct GemvPrefetch {
+  const void* p[2] = {nullptr, nullptr};
+  int64_t bytes[2] = {0, 0};
+};
 struct GemvSegs {
   GemvOut o[kMaxSegs];
   int n = 0;
+  GemvNorm norm;       // none when norm.w is null
+  GemvPrefetch next;   // none when both sizes are 0
 };
 void gemv_multi(Elem e, const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s);
 // y[m, :] = silu(Wg x[m, :]) * (Wu x[m, :]), Wg and Wu [N, K]: the MLP's gate, up and
-// silu_mul in one launch (each weight read once, as two gemv calls would).
+// silu_mul in one launch (each weight read once, as two gemv calls would); norm as above.
 void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
+                 cudaStream_t s, const GemvNorm& norm = {}, const GemvPrefetch& next = {});
+// gemv() with an RMSNorm in front (GemvNorm above): the final norm and the LM head.
+void gemv_normed(Elem e, const void* W, const float* x, const GemvNorm& norm, float* y, int M, int N, int K,
                  cudaStream_t s);
+// Whether a launch of M rows of K with 2-byte weights `e` at x folds a GemvNorm into the
+// GEMV itself (no rmsnorm launch), for tests and the step's launch count.
+bool gemv_folds_norm(Elem e, int M, int K, const float* x);
 // gate[i] = silu(gate[i]) * up[i].
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 // Rotate-half RoPE of x [n, nh, hd] by cs [n, hd] (cos of the hd/2 frequencies, then sin).

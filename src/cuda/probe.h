@@ -29,6 +29,9 @@ struct GraphCounts {
   int64_t captured = 0, replayed = 0, direct = 0;
 };
 GraphCounts graph_counts();
+// Steps (Engine::run calls) since the process started whose RMSNorms were folded into
+// the GEMVs after them (PTLLM_CUDA_NORM_FOLD=1: one-row steps with 2-byte weights).
+int64_t norm_folded_steps();
 
 class LayerProbe {
  public:

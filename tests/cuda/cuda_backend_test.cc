@@ -447,12 +447,12 @@ TEST(CudaBackend, BatchKiviMatchesCpu) {
 // A random fp32 Llama with head_dim 64 and GQA 4 (8 query heads over 2 KV heads, 2
 // layers, vocabulary 300): the shape the lanes-over-slots KIVI decode kernel takes
 // (the fixtures' head_dim is 8-32), written to the temporary file `file`.
-std::unique_ptr<Model> random_hd64_gqa4_model(const char* file) {
+std::unique_ptr<Model> random_hd64_gqa4_model(const char* file, DType type = DType::F32) {
   RandomModelOptions opt;
   opt.config = random_model_preset("llama-3.2-1b");
   opt.config.hidden_size = 512, opt.config.n_layers = 2, opt.config.n_heads = 8, opt.config.n_kv_heads = 2;
   opt.config.head_dim = 64, opt.config.intermediate_size = 512, opt.config.vocab_size = 300;
-  opt.type = DType::F32;
+  opt.type = type;
   opt.std = 0.05f;
   const std::string path = tmp_path(file);
   write_random_gguf(path, opt);
@@ -559,6 +559,84 @@ TEST(CudaBackend, DecodeGraphMatchesDirectLaunches) {
     std::printf("%s: graphs on vs CPU %.2e (tol %.0e), vs graphs off %.2e; %lld steps replayed, %lld captured\n",
                 md.spec.label().c_str(), vs_cpu, md.tol, vs_off, (long long)replayed[1], (long long)captured[1]);
   }
+}
+
+// PTLLM_CUDA_NORM_FOLD=1 (written in session 25 without a GPU): a bf16 model's decode steps
+// with every RMSNorm folded into the GEMV after it, against the CPU (the cache modes'
+// usual tolerances) and against the same steps with separate norm launches. Folding
+// changes only fp32 rounding (inv_rms applied to the row's sum instead of to x), so
+// folded vs not is held to 1e-4, ten times below the fp16 cache's tolerance; every
+// decode step must have taken the folded path, and the prefill (several rows) not.
+TEST(CudaBackend, NormFoldedDecodeMatchesCpu) {
+  auto m = random_hd64_gqa4_model("cuda_fold.gguf", DType::BF16);
+  const int64_t V = m->config().vocab_size, n_prefill = 20, n_decode = 100, cap = n_prefill + n_decode;
+  std::mt19937 rng(17);
+  std::vector<int32_t> ids(static_cast<size_t>(n_prefill)), dec(static_cast<size_t>(n_decode));
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+  for (auto& t : dec) t = int32_t(rng() % uint32_t(V));
+  const std::vector<Mode> modes = {
+      {cache_spec(KVStorage::F16), 1e-3, 0},
+      {cache_spec(KVStorage::F32, 4, 40), 1e-4, 0},
+      {cache_spec(KVStorage::Int4, 0, 0, RopeMode::Reposition, 32, 64), 1e-2, 0},
+  };
+  for (const Mode& md : modes) {
+    SCOPED_TRACE(md.spec.label());
+    const RunOut cpu = run(*m, make_cache(m->cache_shape(cap), md.spec), ids, dec);
+    int64_t folded[2] = {};
+    const auto on_gpu = [&](bool fold) {
+      setenv("PTLLM_CUDA_NORM_FOLD", fold ? "1" : "0", 1);
+      cuda::activate(*m);
+      std::unique_ptr<KVCache> gc = make_cache(m->cache_shape(cap), md.spec);
+      cuda::deactivate();
+      const int64_t before = cuda::testing::norm_folded_steps();
+      RunOut o = run(*m, std::move(gc), ids, dec);
+      folded[fold] = cuda::testing::norm_folded_steps() - before;
+      return o;
+    };
+    const RunOut on = on_gpu(true), off = on_gpu(false);
+    unsetenv("PTLLM_CUDA_NORM_FOLD");
+    const double vs_cpu = worst_err(on, cpu, n_prefill, V), vs_off = worst_err(on, off, n_prefill, V);
+    EXPECT_LE(vs_cpu, md.tol);
+    EXPECT_LE(vs_off, 1e-4);
+    EXPECT_GT(vs_off, 0) << "folded and separate launches agree to the bit: was anything folded?";
+    EXPECT_EQ(folded[1], n_decode) << "every decode step (one row) folded, the prefill not";
+    EXPECT_EQ(folded[0], 0);
+    std::printf("%s: norms folded vs CPU %.2e (tol %.0e), vs separate norms %.2e; %lld steps folded\n",
+                md.spec.label().c_str(), vs_cpu, md.tol, vs_off, (long long)folded[1]);
+  }
+}
+
+// PTLLM_CUDA_L2_PREFETCH=MB (session 25, written without a GPU): the one-row GEMVs end by
+// prefetching the next GEMV's weights into L2, a hint that must change no result: the
+// same decode steps with it (1 MB: part of each next matrix; 64 MB: all of each, larger
+// than any here) and without are equal bit for bit, with the norms folded and not.
+TEST(CudaBackend, L2PrefetchChangesNoResult) {
+  auto m = random_hd64_gqa4_model("cuda_prefetch.gguf", DType::BF16);
+  const int64_t V = m->config().vocab_size, n_prefill = 12, n_decode = 40, cap = n_prefill + n_decode;
+  std::mt19937 rng(19);
+  std::vector<int32_t> ids(static_cast<size_t>(n_prefill)), dec(static_cast<size_t>(n_decode));
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+  for (auto& t : dec) t = int32_t(rng() % uint32_t(V));
+  for (const char* fold : {"0", "1"}) {
+    setenv("PTLLM_CUDA_NORM_FOLD", fold, 1);
+    std::vector<RunOut> outs;
+    for (const char* mb : {"0", "1", "64"}) {
+      SCOPED_TRACE(fmt::format("fold {} prefetch {} MB", fold, mb));
+      setenv("PTLLM_CUDA_L2_PREFETCH", mb, 1);
+      cuda::activate(*m);
+      std::unique_ptr<KVCache> gc = make_cache(m->cache_shape(cap), cache_spec(KVStorage::F16));
+      cuda::deactivate();
+      outs.push_back(run(*m, std::move(gc), ids, dec));
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      const RunOut& a = outs.front();
+      const RunOut& b = outs.back();
+      EXPECT_EQ(0, std::memcmp(a.prefill.data(), b.prefill.data(), a.prefill.size() * 4));
+      for (size_t i = 0; i < a.steps.size(); ++i)
+        ASSERT_EQ(0, std::memcmp(a.steps[i].data(), b.steps[i].data(), size_t(V) * 4)) << "step " << i;
+    }
+  }
+  unsetenv("PTLLM_CUDA_NORM_FOLD");
+  unsetenv("PTLLM_CUDA_L2_PREFETCH");
 }
 
 // A batch large enough for the batched paths at their defaults: projections of 16+
@@ -726,6 +804,134 @@ TEST(CudaBackend, FusedGemvMatchesSeparateLaunches) {
         cuda::check(cudaMemcpy(a.data(), dg.p, a.size() * 4, cudaMemcpyDeviceToHost), "copy");
         cuda::check(cudaMemcpy(b.data(), dglu.p, b.size() * 4, cudaMemcpyDeviceToHost), "copy");
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "gemv_swiglu vs gemv, gemv, silu_mul";
+      }
+}
+
+// The RMSNorm folded into the one-row GEMV kernels (k::GemvNorm) against the norm and the
+// product launched apart, for the fused q/k/v launch (three segments, a bias), the SwiGLU
+// launch and gemv_normed, at K that take the one-row kernels (96, 2048, 2056: one row
+// per warp and rows walked by warps, below and above the resident warps) and K and M that
+// do not (93: K % 8 != 0; M = 3; fp32 weights). Where a launch folds (gemv_folds_norm),
+// the scratch rows must stay untouched (no norm launch) and segment 0 must match a
+// double-precision reference of W (g * x) / rms(x) to 1e-6 of its terms' magnitude, as
+// the unfolded kernel's sums do; elsewhere the launch normalises into the scratch first
+// and its outputs equal the separate launches' bit for bit.
+TEST(CudaBackend, NormFoldedGemvMatchesSeparateNorm) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd;
+  const float eps = 1e-5f;
+  for (auto e : {cuda::k::Elem::F32, cuda::k::Elem::F16, cuda::k::Elem::BF16})
+    for (int K : {93, 96, 2048, 2056})
+      for (int M : {1, 3}) {
+        SCOPED_TRACE(fmt::format("elem {} K {} M {}", int(e), K, M));
+        const int es = cuda::k::elem_bytes(e);
+        const int N[3] = {K == 96 ? 20000 : K == 93 ? 70 : 256, 64, 40};
+        std::vector<float> x(static_cast<size_t>(M * K)), g(static_cast<size_t>(K));
+        for (auto& v : x) v = 3 * nd(rng);
+        for (auto& v : g) v = 1 + 0.5f * nd(rng);
+        cuda::DevBuf dx, dg, dxn, dscratch, dwf, dw[3], db, dy_sep[3], dy_fold[3], dglu[2], dlm[2];
+        for (auto [d, h] : {std::pair{&dx, &x}, std::pair{&dg, &g}}) {
+          d->reserve(h->size() * 4);
+          cuda::check(cudaMemcpy(d->p, h->data(), h->size() * 4, cudaMemcpyHostToDevice), "copy");
+        }
+        dxn.reserve(x.size() * 4);
+        dscratch.reserve(x.size() * 4);
+        const std::vector<float> nan_rows(x.size(), std::nanf(""));
+        cuda::check(cudaMemcpy(dscratch.p, nan_rows.data(), x.size() * 4, cudaMemcpyHostToDevice), "copy");
+        std::vector<float> bias(static_cast<size_t>(N[0]));
+        for (auto& v : bias) v = nd(rng);
+        db.reserve(bias.size() * 4);
+        cuda::check(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "copy");
+        for (int i = 0; i < 3; ++i) {
+          std::vector<float> w(size_t(N[i] * K));
+          for (auto& v : w) v = nd(rng);
+          dwf.reserve(w.size() * 4);
+          dw[i].reserve(w.size() * size_t(es));
+          cuda::check(cudaMemcpy(dwf.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "copy");
+          cuda::k::convert(dwf.f(), e, dw[i].p, int64_t(w.size()), nullptr);
+          cuda::check(cudaDeviceSynchronize(), "convert");  // weights complete before any GEMV (kernels.h)
+          dy_sep[i].reserve(size_t(M * N[i]) * 4);
+          dy_fold[i].reserve(size_t(M * N[i]) * 4);
+        }
+        for (auto* d : {&dglu[0], &dglu[1], &dlm[0], &dlm[1]}) d->reserve(size_t(M * N[0]) * 4);
+        const cuda::k::GemvNorm norm{dg.f(), eps, dscratch.f()};
+        cuda::k::GemvSegs sep, fold;
+        for (int i = 0; i < 3; ++i) {
+          sep.o[i] = cuda::k::GemvOut{dw[i].p, i == 0 ? db.f() : nullptr, dy_sep[i].f(), N[i], false};
+          fold.o[i] = cuda::k::GemvOut{dw[i].p, i == 0 ? db.f() : nullptr, dy_fold[i].f(), N[i], false};
+        }
+        sep.n = fold.n = 3;
+        fold.norm = norm;
+        // Apart: the norm, then each product of the normalised rows.
+        cuda::k::rmsnorm(dx.f(), dg.f(), eps, M, K, dxn.f(), nullptr);
+        cuda::k::gemv_multi(e, sep, dxn.f(), M, K, nullptr);
+        cuda::k::gemv_swiglu(e, dw[0].p, dw[0].p, dxn.f(), dglu[0].f(), M, N[0], K, nullptr);
+        cuda::k::gemv(e, dw[0].p, dxn.f(), nullptr, dlm[0].f(), M, N[0], K, false, nullptr);
+        // Folded where the launch can.
+        const bool folds = cuda::k::gemv_folds_norm(e, M, K, dx.f());
+        EXPECT_EQ(folds, e != cuda::k::Elem::F32 && M == 1 && K % 8 == 0);
+        cuda::k::gemv_multi(e, fold, dx.f(), M, K, nullptr);
+        cuda::k::gemv_swiglu(e, dw[0].p, dw[0].p, dx.f(), dglu[1].f(), M, N[0], K, nullptr, norm);
+        cuda::k::gemv_normed(e, dw[0].p, dx.f(), norm, dlm[1].f(), M, N[0], K, nullptr);
+        cuda::check(cudaDeviceSynchronize(), "sync");
+        const auto host = [](const cuda::DevBuf& d, size_t n) {
+          std::vector<float> h(n);
+          cuda::check(cudaMemcpy(h.data(), d.p, n * 4, cudaMemcpyDeviceToHost), "copy");
+          return h;
+        };
+        const std::vector<float> scratch = host(dscratch, x.size()), xn = host(dxn, x.size());
+        if (folds) {
+          for (float v : scratch) ASSERT_TRUE(std::isnan(v)) << "a folded launch wrote the scratch rows";
+        } else {
+          EXPECT_EQ(0, std::memcmp(scratch.data(), xn.data(), x.size() * 4)) << "scratch rows = rmsnorm(x)";
+        }
+        // The weights as the kernels see them (rounded to e), widened by an embedding lookup.
+        std::vector<float> wr(size_t(N[0] * K));
+        {
+          std::vector<int32_t> ids(static_cast<size_t>(N[0]));
+          for (int r = 0; r < N[0]; ++r) ids[size_t(r)] = r;
+          cuda::DevBuf dids, back;
+          dids.reserve(ids.size() * 4);
+          back.reserve(wr.size() * 4);
+          cuda::check(cudaMemcpy(dids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "copy");
+          cuda::k::embed(e, dw[0].p, static_cast<const int32_t*>(dids.p), N[0], K, back.f(), nullptr);
+          wr = host(back, wr.size());
+        }
+        // Segment 0 (with its bias), the SwiGLU (silu(v) v, v = W0 xn) and gemv_normed against double.
+        const std::vector<float> q = host(dy_fold[0], size_t(M * N[0])), glu = host(dglu[1], size_t(M * N[0])),
+                                 lm = host(dlm[1], size_t(M * N[0]));
+        double worst = 0, worst_glu = 0;
+        for (int m = 0; m < M; ++m) {
+          double ss = 0;
+          for (int k = 0; k < K; ++k) ss += double(x[size_t(m * K + k)]) * x[size_t(m * K + k)];
+          const double inv = 1 / std::sqrt(ss / K + eps);
+          for (int n = 0; n < N[0]; ++n) {
+            double v = 0, mag = 0;
+            for (int k = 0; k < K; ++k) {
+              const double t = double(wr[size_t(n * K + k)]) * x[size_t(m * K + k)] * inv * g[size_t(k)];
+              v += t;
+              mag += std::fabs(t);
+            }
+            const size_t i = size_t(m * N[0] + n);
+            worst = std::max({worst, std::fabs(q[i] - (v + bias[size_t(n)])) / (mag + std::fabs(bias[size_t(n)])),
+                              std::fabs(lm[i] - v) / mag});
+            // d(silu(v) v)/dv is at most ~2.2 |v| + 1: the error of v, scaled.
+            const double ref = v / (1 + std::exp(-v)) * v;
+            worst_glu = std::max(worst_glu, std::fabs(glu[i] - ref) / (mag * (2.2 * std::fabs(v) + 1)));
+          }
+        }
+        EXPECT_LE(worst, 1e-6) << "fp32 sums of the widened weights, normalised rows";
+        EXPECT_LE(worst_glu, 1e-6) << "SwiGLU of the normalised rows";
+        for (int i = 0; i < 3; ++i) {
+          const std::vector<float> a = host(dy_sep[i], size_t(M * N[i])), b = host(dy_fold[i], size_t(M * N[i]));
+          if (!folds) {
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "segment " << i;
+          }
+        }
+        if (!folds) {
+          EXPECT_EQ(0, std::memcmp(host(dglu[0], glu.size()).data(), glu.data(), glu.size() * 4)) << "SwiGLU";
+          EXPECT_EQ(0, std::memcmp(host(dlm[0], lm.size()).data(), lm.data(), lm.size() * 4)) << "gemv_normed";
+        }
       }
 }
 
