@@ -667,7 +667,7 @@ static void gemv_t(GemvSegs segs, const float* x, int M, int K, cudaStream_t s) 
     if (one_row(true, M, K, x, segs.norm.w)) {
       for (int r = 0; r < 2; ++r) {  // the bulk prefetch's operands: 16-byte aligned, whole 16-byte units
         const bool ok = reinterpret_cast<uintptr_t>(segs.next.p[r]) % 16 == 0 && segs.next.bytes[r] % 16 == 0 &&
-                        segs.next.bytes[r] > 0 && segs.next.bytes[r] < (int64_t(1) << 40);
+                        segs.next.bytes[r] > 0 && segs.next.bytes[r] < (int64_t(1) << 32);  // a share's u32 size
         if (!ok) segs.next.p[r] = nullptr, segs.next.bytes[r] = 0;
       }
       if (segs.norm.w)
