@@ -74,9 +74,15 @@ void print_interleaved(const std::vector<InterleavedDepth>& res, const BenchOpts
   print_rss();
 }
 
+nlohmann::json step_ms_json(const StepQuantiles& q) {
+  return {{"steps", q.steps},  {"p50", q.p50 * 1e3}, {"p90", q.p90 * 1e3},
+          {"p99", q.p99 * 1e3}, {"max", q.max * 1e3}, {"over_2x_median", q.over_2x_median}};
+}
+
 void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, const std::string& path) {
   const BenchOptions& b = o.bench;
   const MeanSd pp = mean_sd(r.prefill_tps), tg = mean_sd(r.decode_tps);
+  const StepQuantiles sq = step_quantiles(r.step_seconds);
   nlohmann::json j = {{"model", path},
                       {"threads", ops::num_threads()},
                       {"simd", ops::simd_level_name(ops::simd_level())},
@@ -99,6 +105,7 @@ void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, co
                    {"tps_sd", tg.sd},
                    {"tps", r.decode_tps},
                    {"ms_per_step", 1000.0 / steps},
+                   {"step_ms", step_ms_json(sq)},
                    {"cache_bytes_at_end", r.cache_bytes},
                    {"batch_cache_bytes_at_end", r.batch_cache_bytes},
                    {"device_bytes_per_sequence", r.device_bytes},
@@ -114,6 +121,7 @@ void print_json(const BenchResult& r, const BenchOpts& o, const Model& model, co
                    {"tps", r.decode_tps},
                    {"cache_bytes_at_end", r.cache_bytes},
                    {"tokens_per_cpu_second_mean", mean_sd(r.decode_cpu_tps).mean},
+                   {"step_ms", step_ms_json(sq)},
                    {"cache_desc", r.cache_description},
                    {"weight_bytes_per_token", r.step_weight_bytes},
                    {"cache_bytes_per_token", r.cache_bytes},
@@ -147,6 +155,12 @@ void print_table(const BenchResult& r, const BenchOpts& o, const Model& model, c
     fmt::print("decode reads {:.1f} MB of weights + {:.2f} MB of cache per token (at the end) → {:.1f} GB/s achieved\n",
                double(r.step_weight_bytes) / 1e6, double(r.cache_bytes) / 1e6,
                double(r.step_weight_bytes + r.cache_bytes) * tg.mean / 1e9);
+  }
+  if (b.gen_tokens > 0) {
+    const StepQuantiles q = step_quantiles(r.step_seconds);
+    fmt::print("decode step ms over {} timed steps: p50 {:.3f} · p90 {:.3f} · p99 {:.3f} · max {:.3f} · {} over 2x the "
+               "median\n",
+               q.steps, q.p50 * 1e3, q.p90 * 1e3, q.p99 * 1e3, q.max * 1e3, q.over_2x_median);
   }
   print_rss();
   if (r.capacity > model.config().max_position)

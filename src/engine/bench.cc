@@ -42,6 +42,20 @@ std::pair<double, double> timed(Fn&& fn) {
 
 }  // namespace
 
+StepQuantiles step_quantiles(std::vector<double> v) {
+  StepQuantiles q;
+  q.steps = int64_t(v.size());
+  if (v.empty()) return q;
+  std::sort(v.begin(), v.end());
+  const auto at = [&](double f) {
+    const auto rank = static_cast<size_t>(std::ceil(f * double(v.size())));
+    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+  };
+  q.p50 = at(0.5), q.p90 = at(0.9), q.p99 = at(0.99), q.max = v.back();
+  q.over_2x_median = int64_t(v.end() - std::upper_bound(v.begin(), v.end(), 2 * q.p50));
+  return q;
+}
+
 MeanSd mean_sd(const std::vector<double>& v) {
   MeanSd s;
   if (v.empty()) return s;
@@ -68,6 +82,13 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
   const std::vector<int32_t> ids =
       bench_ids(model.config(), fill_to + o.gen_tokens * (o.batch > 1 ? runs : 1) + o.batch + 1);
   BenchResult r;
+  r.step_seconds.reserve(size_t(o.gen_tokens * o.repeat));  // no allocation inside a timed loop
+  // One step's wall time into r.step_seconds when `keep` (a timed repeat).
+  const auto step_timed = [&](bool keep, auto&& step) {
+    const auto t0 = Clock::now();
+    step();
+    if (keep) r.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  };
   // An unbounded cache must hold the prefill, or the fill plus the decode.
   r.capacity = std::max<int64_t>({o.prompt_tokens, o.depth + o.gen_tokens * (o.batch > 1 ? runs : 1), 1});
   r.step_weight_bytes = model.step_weight_bytes();
@@ -114,7 +135,7 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
       const auto [s, cs] = timed([&] {
         for (int64_t i = 0; i < o.gen_tokens; ++i) {
           for (int64_t b = 0; b < o.batch; ++b) step_ids[size_t(b)] = ids[size_t(at + i + b)];
-          step_batch(ptrs, step_ids);
+          step_timed(keep, [&] { step_batch(ptrs, step_ids); });
         }
       });
       if (keep) {
@@ -130,7 +151,7 @@ BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOpti
       Decoder d(model, make_cache(model.cache_shape(r.capacity), spec));
       fill(d, ids, o.depth);
       const auto [s, cs] = timed([&] {
-        for (int64_t i = 0; i < o.gen_tokens; ++i) d.step(ids[size_t(o.depth + i)]);
+        for (int64_t i = 0; i < o.gen_tokens; ++i) step_timed(keep, [&] { d.step(ids[size_t(o.depth + i)]); });
       });
       if (keep) {
         r.decode_tps.push_back(double(o.gen_tokens) / s);

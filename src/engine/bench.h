@@ -21,6 +21,10 @@
 // `repeat` rounds in which every cache in turn decodes gen_tokens timed
 // tokens. Alternating the caches within one process cancels the drift of a
 // shared machine, which a 1k-vs-100k comparison of separate runs cannot.
+//
+// Every timed decode step's own wall time is kept too (step_seconds), so the tail
+// of the step time -- what a served stream's inter-token p99 cannot go below -- is
+// visible apart from the mean: StepQuantiles.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -53,7 +57,20 @@ struct BenchResult {
   size_t batch_cache_bytes = 0;   // held by all B decode caches at the end
   std::string batch_fill;         // how caches 2..B were filled ("device copy" or "prefill")
   size_t device_bytes = 0;        // device memory one decode cache holds (device caches; else 0)
+  // Wall seconds of each timed decode step (one token, or one token per sequence of a
+  // batch), the repeats' steps in order.
+  std::vector<double> step_seconds;
 };
+
+// Nearest-rank quantiles of step times (q = 0.5: the median; the rank ceil(q n)).
+struct StepQuantiles {
+  int64_t steps = 0;
+  double p50 = 0, p90 = 0, p99 = 0, max = 0;
+  // Steps longer than twice the median: on an idle machine, how often something else
+  // took the cores (a descheduled thread, an interrupt storm, the hypervisor).
+  int64_t over_2x_median = 0;
+};
+StepQuantiles step_quantiles(std::vector<double> seconds);
 // Throws Error naming the option on bad values.
 BenchResult run_bench(const Model& model, const CacheSpec& spec, const BenchOptions& o);
 

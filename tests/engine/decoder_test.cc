@@ -352,12 +352,52 @@ TEST(Bench, BatchDecodesEverySequenceFromTheDepth) {
   EXPECT_EQ(r.cache_bytes, per_token * size_t(7 + 5 * 3));
   EXPECT_EQ(r.batch_cache_bytes, 3 * r.cache_bytes);
   EXPECT_EQ(r.capacity, 7 + 5 * 3);
+  // One time per timed batch step (the warm-up's steps not kept), each inside its repeat's.
+  ASSERT_EQ(r.step_seconds.size(), 2u * 5u);
+  double sum = 0;
+  for (double t : r.step_seconds) EXPECT_GT(t, 0), sum += t;
+  EXPECT_LE(sum, 2 * 5 * 3 / r.decode_tps[0] + 2 * 5 * 3 / r.decode_tps[1]);
   o.batch = 0;
   EXPECT_THROW(run_bench(*m, CacheSpec{}, o), Error);
   o.batch = 2;
   o.gen_tokens = 0;
   o.prompt_tokens = 4;
   EXPECT_THROW(run_bench(*m, CacheSpec{}, o), Error);
+}
+
+// Nearest-rank quantiles of the bench's step times: rank ceil(q n) of the sorted times.
+TEST(Bench, StepQuantilesAreNearestRank) {
+  std::vector<double> t;
+  for (int i = 100; i >= 1; --i) t.push_back(i * 1e-3);  // 1 .. 100 ms, out of order
+  t.push_back(0.5);                                      // one 500 ms step: 101 in all
+  const StepQuantiles q = step_quantiles(t);
+  EXPECT_EQ(q.steps, 101);
+  EXPECT_DOUBLE_EQ(q.p50, 51e-3);  // rank ceil(50.5) = 51
+  EXPECT_DOUBLE_EQ(q.p90, 91e-3);  // rank ceil(90.9) = 91
+  EXPECT_DOUBLE_EQ(q.p99, 100e-3);  // rank ceil(99.99) = 100
+  EXPECT_DOUBLE_EQ(q.max, 0.5);
+  EXPECT_EQ(q.over_2x_median, 1);  // above 2 x 51 ms: the 500 ms step alone
+  const StepQuantiles one = step_quantiles({2e-3});
+  EXPECT_EQ(one.steps, 1);
+  EXPECT_DOUBLE_EQ(one.p50, 2e-3);
+  EXPECT_DOUBLE_EQ(one.p99, 2e-3);
+  EXPECT_EQ(one.over_2x_median, 0);
+  EXPECT_EQ(step_quantiles({}).steps, 0);
+}
+
+// bench on one sequence keeps every timed step's time: gen_tokens per repeat.
+TEST(Bench, KeepsEachTimedStep) {
+  auto m = Model::load_hf(test::repo_dir() + "/models/stories260K");
+  BenchOptions o;
+  o.prompt_tokens = 0;
+  o.gen_tokens = 6;
+  o.repeat = 3;
+  const BenchResult r = run_bench(*m, CacheSpec{}, o);
+  ASSERT_EQ(r.step_seconds.size(), 18u);
+  const StepQuantiles q = step_quantiles(r.step_seconds);
+  EXPECT_GT(q.p50, 0);
+  EXPECT_LE(q.p50, q.p90);
+  EXPECT_LE(q.p99, q.max);
 }
 
 }  // namespace
