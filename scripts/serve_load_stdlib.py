@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """K concurrent streamed completions against URL (stdlib only: the device has no Node;
 scripts/serve_load.mjs is the full client). Client-side inter-token gaps are arrival times of
-SSE lines, so events that arrive in one read show gaps near 0.
+SSE lines (every token's event, its text empty or not), so events that arrive in one read show
+gaps near 0.
 Prints one JSON line: requests, failed, tokens, seconds, tokens/s, inter-token p50/p99 (ms),
-and the texts (for comparing runs). usage: serve_load_stdlib.py URL K TOKENS [JSON-EXTRA]"""
-import http.client, json, sys, threading, time, urllib.parse
+and the texts (for comparing runs). usage: serve_load_stdlib.py URL K TOKENS [JSON-EXTRA]
+PTLLM_LOAD_TRACE=FILE: every event's arrival ("request monotonic_us" lines, as serve_load.mjs
+writes them), for scripts/serve_trace_report.py beside the server's PTLLM_SERVE_TRACE."""
+import http.client, json, os, sys, threading, time, urllib.parse
 
 url, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
@@ -20,7 +23,7 @@ def one(i):
         r = c.getresponse()
         if r.status != 200:
             res[i] = {"error": r.status, "body": r.read().decode()[:300]}; return
-        text, times = "", []
+        text, times, mono = "", [], []
         while True:
             line = r.readline()
             if not line: break
@@ -29,9 +32,12 @@ def one(i):
             d = line[6:]
             if d == b"[DONE]": break
             e = json.loads(d)
-            t = e["choices"][0].get("text", "")
-            if t: text += t; times.append(time.perf_counter())
-        res[i] = {"text": text, "times": times}
+            if not e.get("choices"): continue  # the final usage chunk
+            # Every token's event counts, also one whose text is empty (text held back until a
+            # UTF-8 character or a possible stop string completes), as serve_load.mjs counts them.
+            text += e["choices"][0].get("text", "")
+            times.append(time.perf_counter()); mono.append(time.monotonic_ns() // 1000)
+        res[i] = {"text": text, "times": times, "mono": mono}
     except Exception as ex:  # noqa
         res[i] = {"error": str(ex)}
 
@@ -48,3 +54,8 @@ print(json.dumps({"requests": k, "failed": k - len(ok), "errors": [r for r in re
                   "events": tokens, "seconds": round(secs, 2), "events_per_s": round(tokens / secs, 1),
                   "itl_ms_p50": q(0.5), "itl_ms_p99": q(0.99), "distinct_texts": len({r["text"] for r in ok}),
                   "texts": sorted({r["text"] for r in ok})[:2]}))
+if os.environ.get("PTLLM_LOAD_TRACE"):
+    with open(os.environ["PTLLM_LOAD_TRACE"], "w") as f:
+        for i, r in enumerate(res):
+            for t in (r or {}).get("mono", []):
+                f.write(f"{i} {t}\n")

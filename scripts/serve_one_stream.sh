@@ -8,7 +8,8 @@
 #   request of TOKENS tokens; prints the client's ITL p50 / p99 and, from the trace lines
 #   between that client's timed start (after its warm-up) and its end, the server's
 #   decode-step p50 / p99 / max and how
-#   many steps took over SLOW_MS (default 2.2: llama-server's recorded one-stream p99).
+#   many steps took over SLOW_MS (default 2.2: llama-server's recorded one-stream p99), and the
+#   client's gaps grouped by how many server steps each spans (serve_trace_report.py).
 #   ROUNDS=3 TOKENS=200 scripts/serve_one_stream.sh
 #   SETTINGS="default||--threads 2;passive|OMP_WAIT_POLICY=passive|--threads 2;one thread||--threads 1" \
 #     CLIENTS=py scripts/serve_one_stream.sh
@@ -67,8 +68,19 @@ for r in $(seq "$ROUNDS"); do
     [ -n "$url" ] || { echo "serve_one_stream: server did not start: $(cat "$work/serve.log")" >&2; exit 1; }
     python3 scripts/serve_load_stdlib.py "$url" 1 50 > /dev/null  # warm-up, untimed
     for c in $CLIENTS; do
-      t0=$(mono_us); echo "$t0" > "$work/from_us"; line=$(client "$c" "$url"); t1=$(mono_us); t0=$(cat "$work/from_us")
-      echo "round $r, server $name, client $c: $line; $(steps "$t0" "$t1")"
+      t0=$(mono_us); echo "$t0" > "$work/from_us"
+      line=$(PTLLM_LOAD_TRACE="$work/client.txt" client "$c" "$url"); t1=$(mono_us); t0=$(cat "$work/from_us")
+      # The client's gaps by the server steps each spans (scripts/serve_trace_report.py): one
+      # step is the step and its delivery; several, text held back until a character completes.
+      spans=$(python3 scripts/serve_trace_report.py "$work/trace.txt" "$work/client.txt" | python3 -c '
+import re, sys
+out = []
+for l in sys.stdin:
+    m = re.match(r"gaps over (\S+) steps?\s*:\s*(\d+)\s+p50\s+\S+\s+p99\s+(\S+)\s+max\s+(\S+)", l)
+    if m and m.group(1) != "0":
+        out.append("%s-step gaps %s (p99 %s, max %s ms)" % (m.group(1), m.group(2), m.group(3), m.group(4)))
+print("; ".join(out))')
+      echo "round $r, server $name, client $c: $line; $(steps "$t0" "$t1"); $spans"
     done
     kill -TERM "$pid"; wait "$pid" || true
   done

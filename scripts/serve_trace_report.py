@@ -5,7 +5,9 @@ PTLLM_LOAD_TRACE), both on CLOCK_MONOTONIC.
   PTLLM_SERVE_TRACE=/tmp/s.txt posttrainllm serve ... &
   PTLLM_LOAD_TRACE=/tmp/c.txt node scripts/serve_load.mjs URL ...
   scripts/serve_trace_report.py /tmp/s.txt /tmp/c.txt
-Prints the step and client-gap distributions and the slowest steps."""
+Prints the step and client-gap distributions, the slowest steps, the delivery delay and the
+client's gaps grouped by how many server steps each spans. serve_load_stdlib.py writes the
+same client trace with PTLLM_LOAD_TRACE."""
 import collections
 import statistics
 import sys
@@ -50,3 +52,16 @@ if len(sys.argv) > 2:
                 d.append((t - ends[k]) / 1000)
     if d:
         print(f'delivery (event after its step ended): p50 {q(d, .5):.2f}  p90 {q(d, .9):.2f}  p99 {q(d, .99):.2f}  max {max(d):.2f} ms')
+    # Each client gap by the number of server steps that ended between its two events: a gap
+    # over several steps is text held back (a UTF-8 character split over byte tokens, or a
+    # possible stop string), sent in one event when it completes; a one-step gap is the
+    # step and the delivery alone.
+    span = collections.defaultdict(list)
+    for ts in ev.values():
+        for a, b in zip(ts, ts[1:]):
+            k = bisect.bisect_right(ends, b) - bisect.bisect_right(ends, a)
+            span[min(k, 4)].append((b - a) / 1000)
+    for k in sorted(span):
+        v = span[k]
+        label = f'{k} steps' if k < 4 else '4+ steps'
+        print(f'gaps over {label:8s}: {len(v):5d}  p50 {q(v, .5):6.2f}  p99 {q(v, .99):6.2f}  max {max(v):6.2f} ms')
