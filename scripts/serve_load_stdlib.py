@@ -32,7 +32,7 @@ def one(i):
             d = line[6:]
             if d == b"[DONE]": break
             e = json.loads(d)
-            if not e.get("choices"): continue  # the final usage chunk
+            if e.get("usage") or not e.get("choices"): continue  # the final chunk: usage, no token
             # Every token's event counts, also one whose text is empty (text held back until a
             # UTF-8 character or a possible stop string completes), as serve_load.mjs counts them.
             text += e["choices"][0].get("text", "")
