@@ -124,11 +124,14 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
   job.max_tokens = gp.max_tokens;
   job.ignore_eos = gp.ignore_eos;
   // Decoding and stop strings run on the scheduler thread, so the HTTP thread only copies text.
+  // Byte-fallback runs go out a whole character at a time (ByteRuns::Eager, tokenizer.h), as
+  // llama-server sends them: a "<0x0A>" newline at its own step, not with the next token.
   struct TextState {
     StreamDecoder dec;
     StopText stop;
   };
-  auto ts = std::make_shared<TextState>(TextState{StreamDecoder(*lm.tokenizer), StopText(gp.stop)});
+  auto ts = std::make_shared<TextState>(
+      TextState{StreamDecoder(*lm.tokenizer, true, ByteRuns::Eager), StopText(gp.stop)});
   auto out = g.out;
   job.on_token = [ts, out](int32_t id) {
     const std::string piece = ts->stop.push(ts->dec.push(id));

@@ -246,8 +246,78 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view piece) const {
 bool Tokenizer::is_special(int32_t id) const { return impl_->skipped(id, true); }
 
 // ------------------------------------------------------------ StreamDecoder
-StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special_tokens)
-    : tok_(tok), skip_special_(skip_special_tokens) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special_tokens, ByteRuns runs)
+    : tok_(tok), skip_special_(skip_special_tokens), eager_(runs == ByteRuns::Eager) {}
+
+size_t StreamDecoder::trailing_run(size_t end, std::string* bytes) const {
+  const tok_detail::Impl& t = tok_.impl();
+  size_t k = end;
+  while (k > 0 && t.is_byte_piece(ids_[k - 1])) --k;
+  if (bytes) {
+    bytes->clear();
+    for (size_t i = k; i < end; ++i) bytes->push_back(char(tok_detail::parse_byte_piece(*t.piece(ids_[i]))));
+  }
+  return end - k;
+}
+
+// ByteRuns::Eager, a byte piece just pushed: release the run's whole characters not yet sent.
+std::string StreamDecoder::push_run_byte() {
+  if (run_broken_) return {};
+  std::string bytes;
+  const size_t run = trailing_run(ids_.size(), &bytes);
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  size_t whole = 0;  // bytes of whole characters from the run's start
+  while (whole < bytes.size()) {
+    if (p[whole] < 0x80) {
+      ++whole;
+      continue;
+    }
+    size_t bad = 0;
+    bool truncated = false;
+    const size_t len = tok_detail::utf8_char_len(p + whole, bytes.size() - whole, &bad, &truncated);
+    if (len == 0) {
+      run_broken_ = !truncated;  // truncated: more bytes may complete it
+      break;
+    }
+    whole += len;
+  }
+  if (run_broken_ || whole <= run_sent_) return {};
+  // One byte per piece: the ids up to the run's `whole`-th byte decode to its whole characters.
+  std::string s = tok_.impl().decode(std::span<const int32_t>(ids_.data(), ids_.size() - run + whole), skip_special_);
+  if (s.compare(0, prefix_.size(), prefix_) != 0) return {};  // defensive, as in push()
+  std::string out = s.substr(prefix_.size());
+  prefix_ = std::move(s);
+  run_sent_ = whole;
+  return out;
+}
+
+// ByteRuns::Eager: a run of `run` byte pieces, part of it sent, ends invalid (HF: U+FFFD for
+// each of its bytes). The bytes not sent become U+FFFD each; with_next: the piece after the
+// run (the last id) follows, with its text as decode() gives it after the run.
+std::string StreamDecoder::end_broken_run(size_t run, bool with_next) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  std::string out;
+  for (size_t i = run_sent_; i < run; ++i) out += kReplacement;
+  if (with_next) {
+    const tok_detail::Impl& t = tok_.impl();
+    const size_t before = ids_.size() - 1 - run;  // ids ahead of the run
+    const std::string head = t.decode(std::span<const int32_t>(ids_.data(), before), skip_special_);
+    const std::string s = t.decode(ids_, skip_special_);
+    std::string mid;
+    for (size_t i = 0; i < run; ++i) mid += kReplacement;
+    // decode(ids_) = the text before the run, one U+FFFD per run byte, then the next piece's.
+    if (s.compare(0, head.size(), head) == 0 && s.compare(head.size(), mid.size(), mid) == 0)
+      out += s.substr(head.size() + mid.size());
+    ids_.erase(ids_.begin(), ids_.end() - 1);
+    prefix_ = t.decode(ids_, skip_special_);
+  } else {
+    ids_.clear();
+    prefix_.clear();
+  }
+  run_sent_ = 0;
+  run_broken_ = false;
+  return out;
+}
 
 std::string StreamDecoder::push(int32_t id) {
   const tok_detail::Impl& t = tok_.impl();
@@ -260,8 +330,15 @@ std::string StreamDecoder::push(int32_t id) {
   // Strip(stop > 0) edits the end of the text: nothing is final until flush.
   if (t.stream_unsafe_tail) return {};
   // ByteFallback decides valid-vs-U+FFFD per whole run of <0xHH> pieces, so a
-  // run is only final once a non-byte piece follows it.
-  if (t.decoder && t.decoder->has(tok_detail::Decoder::Kind::ByteFallback) && t.is_byte_piece(id)) return {};
+  // run is only final once a non-byte piece follows it (ByteRuns, tokenizer.h).
+  if (t.decoder && t.decoder->has(tok_detail::Decoder::Kind::ByteFallback)) {
+    if (t.is_byte_piece(id)) return eager_ ? push_run_byte() : std::string{};
+    if (run_sent_ > 0) {  // Eager: a run that sent some of its bytes ends here
+      const size_t run = trailing_run(ids_.size() - 1, nullptr);
+      if (run_broken_ || run_sent_ < run) return end_broken_run(run, true);
+      run_sent_ = 0;  // valid as a whole: decode(ids_) extends prefix_, as below
+    }
+  }
   std::string s = t.decode(ids_, skip_special_);
   // A trailing U+FFFD may be an unfinished byte-level character: wait.
   if (s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0) return {};
@@ -274,6 +351,12 @@ std::string StreamDecoder::push(int32_t id) {
 }
 
 std::string StreamDecoder::flush() {
+  if (run_sent_ > 0) {  // Eager: the stream ends in a run that sent some of its bytes
+    const size_t run = trailing_run(ids_.size(), nullptr);
+    if (run_broken_ || run_sent_ < run) return end_broken_run(run, false);
+  }
+  run_sent_ = 0;
+  run_broken_ = false;
   std::string out;
   if (!ids_.empty()) {
     std::string s = tok_.impl().decode(ids_, skip_special_);

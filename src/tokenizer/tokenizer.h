@@ -66,12 +66,25 @@ class Tokenizer {
   std::shared_ptr<const tok_detail::Impl> impl_;
 };
 
+// How StreamDecoder releases a run of byte-fallback pieces ("<0x0A>", "<0xE2>", ...).
+// HF's ByteFallback decodes a whole run at once: valid UTF-8 as text, else one U+FFFD
+// per byte of it, so a run is final only when a non-byte piece (or the end) follows it.
+//  Whole: hold the run until then; push() + flush() == decode() always. A newline
+//    (Llama 2 / Mistral vocabularies: "<0x0A>") waits for the next token.
+//  Eager: release the run's bytes as soon as they form whole characters, as llama-server
+//    (validate_utf8) and vLLM's incremental detokenizer do, so a newline goes out at
+//    its own step. Equal to decode() unless a run is invalid as a whole after some of
+//    it went out: there the stream keeps the characters it sent and gives U+FFFD for
+//    each byte after them, where decode() gives U+FFFD for every byte of the run.
+enum class ByteRuns { Whole, Eager };
+
 // Incremental detokenizer for streaming: push ids one at a time; returns only
 // newly completed text (never half a UTF-8 character); the concatenation of
-// all push() results + flush() == tokenizer.decode(all ids, skip_special).
+// all push() results + flush() == tokenizer.decode(all ids, skip_special)
+// (ByteRuns::Eager: except as said above).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok, bool skip_special_tokens = true);
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special_tokens = true, ByteRuns runs = ByteRuns::Whole);
   std::string push(int32_t id);
   // Emits whatever is still held back (e.g. an unfinished byte sequence) and
   // resets the decoder for a new stream.
@@ -85,6 +98,14 @@ class StreamDecoder {
   // like Strip/Metaspace, see the same context), followed by pending ids.
   std::vector<int32_t> ids_;
   std::string prefix_;  // the part of decode(ids_) already returned
+  // ByteRuns::Eager: of the byte-piece run at the end of ids_, how many bytes went out
+  // (prefix_ then ends with them), and whether the run can no longer be valid UTF-8.
+  bool eager_;
+  size_t run_sent_ = 0;
+  bool run_broken_ = false;
+  size_t trailing_run(size_t end, std::string* bytes) const;  // byte pieces before ids_[end]
+  std::string push_run_byte();
+  std::string end_broken_run(size_t run, bool with_next);
 };
 
 }  // namespace ptllm

@@ -2,7 +2,8 @@
 // text, optionally a NUL byte and tokenizer_config.json text. A tokenizer that
 // loads is then exercised: encode a few texts (and the input itself), decode
 // the ids with and without special tokens, stream them through StreamDecoder
-// (whose output must equal decode), and decode ids around the vocabulary edge.
+// (whose output must equal decode; ByteRuns::Eager's too where decode has no U+FFFD),
+// and decode ids around the vocabulary edge.
 #include <cstring>
 
 #include "fuzz_util.h"
@@ -22,6 +23,13 @@ void exercise(const ptllm::Tokenizer& tok, std::string_view text) {
     for (int32_t id : ids) streamed += stream.push(id);
     streamed += stream.flush();
     if (streamed != whole) fuzz::finding("StreamDecoder output differs from decode()");
+    // The server's ByteRuns::Eager: equal to decode() unless decode() gave U+FFFD for a run.
+    ptllm::StreamDecoder eager(tok, true, ptllm::ByteRuns::Eager);
+    std::string eager_text;
+    for (int32_t id : ids) eager_text += eager.push(id);
+    eager_text += eager.flush();
+    if (whole.find("\xEF\xBF\xBD") == std::string::npos && eager_text != whole)
+      fuzz::finding("StreamDecoder (ByteRuns::Eager) output differs from decode()");
   }
 }
 }  // namespace

@@ -232,6 +232,96 @@ TEST(StreamDecoder, RandomIdSequencesMatchFullDecode) {
   }
 }
 
+// ByteRuns::Eager (the server's): a byte-fallback run goes out a whole character at a
+// time, as llama-server's validate_utf8 sends it. Expected texts written by hand from HF's
+// ByteFallback rule (a run valid as a whole is its text, else one U+FFFD per byte).
+TEST(StreamDecoder, EagerByteRunsSendWholeCharactersAtOnce) {
+  const Tokenizer& t = llama2();
+  const auto id = [&](const char* p) { return *t.token_to_id(p); };
+  const std::string fffd = "\xEF\xBF\xBD";
+  {  // A newline byte goes out at its own push; the quote's bytes at its last one.
+    StreamDecoder sd(t, true, ptllm::ByteRuns::Eager);
+    std::vector<std::string> got;
+    for (int32_t i : {id("\xE2\x96\x81Hello"), id("<0x0A>"), id("<0xE2>"), id("<0x80>"), id("<0x9C>"),
+                      id("\xE2\x96\x81world")})
+      got.push_back(sd.push(i));
+    EXPECT_EQ(got, (std::vector<std::string>{"Hello", "\n", "", "", "\xE2\x80\x9C", " world"}));
+    EXPECT_EQ(sd.flush(), "");
+  }
+  {  // Whole (the default) holds the newline until the run ends; the same text in the end.
+    StreamDecoder sd(t);
+    std::vector<std::string> got;
+    for (int32_t i : {id("\xE2\x96\x81Hello"), id("<0x0A>"), id("\xE2\x96\x81world")}) got.push_back(sd.push(i));
+    EXPECT_EQ(got, (std::vector<std::string>{"Hello", "", "\n world"}));
+  }
+  {  // A run that turns invalid after its newline went out: the newline stays, the rest is
+     // U+FFFD per byte (decode(): U+FFFD for all three).
+    const std::vector<int32_t> ids = {id("\xE2\x96\x81Hello"), id("<0x0A>"), id("<0xE2>"), id("<0x80>"),
+                                      id("\xE2\x96\x81world")};
+    EXPECT_EQ(t.decode(ids, true), "Hello" + fffd + fffd + fffd + " world");
+    StreamDecoder sd(t, true, ptllm::ByteRuns::Eager);
+    std::string all;
+    for (int32_t i : ids) all += sd.push(i);
+    all += sd.flush();
+    EXPECT_EQ(all, "Hello\n" + fffd + fffd + " world");
+  }
+  {  // ... and at the end of the stream; a byte that cannot continue a character breaks
+     // the run at once (nothing more of it goes out).
+    StreamDecoder sd(t, true, ptllm::ByteRuns::Eager);
+    std::string all;
+    for (int32_t i : {id("<0x41>"), id("<0xE2>")}) all += sd.push(i);
+    EXPECT_EQ(all, "A");
+    EXPECT_EQ(sd.flush(), fffd);
+    all.clear();
+    for (int32_t i : {id("<0x41>"), id("<0xE2>"), id("<0x42>"), id("<0x43>")}) all += sd.push(i);
+    EXPECT_EQ(all, "A");
+    EXPECT_EQ(sd.flush(), fffd + fffd + fffd);
+    // A fresh stream after flush: nothing carried over.
+    EXPECT_EQ(sd.push(id("<0x0A>")), "\n");
+    EXPECT_EQ(sd.flush(), "");
+  }
+}
+
+// Eager on random ids: every piece valid UTF-8, and the text equal to decode() wherever
+// no byte run is invalid as a whole (decode() then has no U+FFFD from a run).
+TEST(StreamDecoder, EagerByteRunsMatchDecodeWhereRunsAreValid) {
+  std::mt19937 rng(4321);
+  int compared = 0;
+  for (const Tokenizer* t : {&llama2(), &llama3(), &qwen3(), &gpt2()}) {
+    std::uniform_int_distribution<int32_t> any(0, t->vocab_size() - 1);
+    // ASCII single bytes: llama2's <0x00>..<0x7F> are ids 3..130, the byte-level ones' '!'..'~' 0..93.
+    std::uniform_int_distribution<int32_t> low(t == &llama2() ? 3 : 0, t == &llama2() ? 130 : 93);
+    for (int trial = 0; trial < 60; ++trial) {
+      std::vector<int32_t> ids;
+      for (int k = 0; k < 30; ++k) {
+        const int32_t id = (rng() % 4) ? low(rng) : any(rng);
+        if (t->impl().piece(id)) ids.push_back(id);
+      }
+      if (trial % 3 == 0) {  // valid runs too: a newline and a quote's bytes spliced in
+        std::vector<int32_t> run;
+        for (const char* p : {"<0x0A>", "<0xE2>", "<0x80>", "<0x9C>"})
+          if (auto b = t->token_to_id(p)) run.push_back(*b);
+        ids.insert(ids.begin() + long(ids.size() / 2), run.begin(), run.end());
+      }
+      StreamDecoder sd(*t, true, ptllm::ByteRuns::Eager);
+      std::string all;
+      for (int32_t id : ids) {
+        const std::string piece = sd.push(id);
+        EXPECT_TRUE(valid_utf8(piece));
+        all += piece;
+      }
+      all += sd.flush();
+      EXPECT_TRUE(valid_utf8(all));
+      const std::string whole = t->decode(ids, true);
+      if (whole.find("\xEF\xBF\xBD") == std::string::npos) {
+        EXPECT_EQ(all, whole);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 150);  // of 240 (224 when written): the rest hold a run decode() makes U+FFFD
+}
+
 TEST(StreamDecoder, FlushResetsForANewStream) {
   const Tokenizer& t = llama2();
   const auto ids = t.encode("Hello world", true);
