@@ -82,6 +82,7 @@ class Engine {
   bool use_graph_ = false;
   // One-row steps fold each RMSNorm into the GEMV after it: PTLLM_CUDA_NORM_FOLD=1.
   bool fold_norm_ = false;
+  bool fold_lm_head_ = false;  // PTLLM_CUDA_NORM_FOLD_LM=1: the final norm into the LM head too
   // One-row steps' GEMVs prefetch up to this many bytes of the next GEMV's weights into L2
   // (k::GemvPrefetch): PTLLM_CUDA_L2_PREFETCH=MB, 0 (off) by default.
   int64_t prefetch_bytes_ = 0;
@@ -154,6 +155,7 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   // step of the 1B shape, where the one-block norm was 11% of the kernel time (docs/CUDA.md,
   // Session 24). Off until it has run on a GPU (written in session 25 without one).
   fold_norm_ = env_int("PTLLM_CUDA_NORM_FOLD", 0) != 0;
+  fold_lm_head_ = env_int("PTLLM_CUDA_NORM_FOLD_LM", 0) != 0;
   // PTLLM_CUDA_L2_PREFETCH=MB: in a one-row step, each fused GEMV launch ends by prefetching
   // into L2 the first MB of the weights the next GEMV reads (q/k/v -> o, o -> gate and up, the
   // SwiGLU -> down, down -> the next layer's q and k or the LM head), so that DRAM keeps
@@ -424,7 +426,10 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
       linear(*w.down, gate, nullptr, x, int(n), int(H), int(F), true, s, &to_next);
     }
     const float* xl = all_logits ? x : x + (n - 1) * H;
-    if (fold) {
+    // The final norm stays its own launch: folded into the LM head (k::gemv_normed) it made
+    // that GEMV 147.6 -> 210 us on the 1B shape (ncu on the H200, session 26: the norm
+    // weight's loads double each weight word's loads of x), more than the launch it saves.
+    if (fold && fold_lm_head_) {
       k::gemv_normed(we_, lm_head_->p, xl, k::GemvNorm{final_norm_->f(), eps, xn}, lg, int(rows), int(V), int(H), s);
     } else {
       k::rmsnorm(xl, final_norm_->f(), eps, int(rows), int(H), xn, s);

@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(kRowsPerBlock1 * 32) gemv1p_kernel(GemvSegs se
   const float4* xv = reinterpret_cast<const float4*>(x);
   // Row n (of the launch's concatenated segments) -> its weight rows.
   const auto rows = [&](int n, const uint4** w) {
-    w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(seg_of(segs, n).W) + int64_t(n) * K);
+    const GemvOut o = seg_of(segs, n);  // n becomes the row within o (before it is read below)
+    w[0] = reinterpret_cast<const uint4*>(static_cast<const T*>(o.W) + int64_t(n) * K);
     if (kGlu) w[kAcc - 1] = reinterpret_cast<const uint4*>(static_cast<const T*>(segs.o[1].W) + int64_t(n) * K);
   };
   const auto load = [&](const uint4* const* w, int v0, uint4 (*raw)[kU]) {

@@ -990,5 +990,42 @@ TEST(CudaBackend, GemmBf16MatchesReference) {
   }
 }
 
+// Session 26: a GGUF model stored in bf16 (weights uploaded as bf16, so its decode steps
+// take the one-row GEMV kernels, gemv1_kernel / gemv1p_kernel) against the CPU, per
+// prefill row and per decode step, and an fp32 copy of the same shape (the multi-row
+// kernel) beside it. No earlier test ran those kernels end to end against the CPU except
+// Flagship27m, which the device's lite shared folder leaves out; session 26's first device
+// run failed NormFoldedDecodeMatchesCpu and L2PrefetchChangesNoResult on this model. The
+// CPU multiplies the same bf16 weights in fp32, so the fp16 cache's tolerance holds. Three
+// GPU runs, each against the CPU, so a run-to-run difference shows as well.
+TEST(CudaBackend, Bf16ModelOneRowDecodeMatchesCpu) {
+  for (DType dt : {DType::BF16, DType::F32}) {
+    const char* name = dt == DType::BF16 ? "bf16" : "f32";
+    SCOPED_TRACE(name);
+    auto m = random_hd64_gqa4_model(dt == DType::BF16 ? "cuda_onerow_bf16.gguf" : "cuda_onerow_f32.gguf", dt);
+    const int64_t V = m->config().vocab_size, n_prefill = 12, n_decode = 8, cap = n_prefill + n_decode;
+    std::mt19937 rng(19);
+    std::vector<int32_t> ids(static_cast<size_t>(n_prefill)), dec(static_cast<size_t>(n_decode));
+    for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+    for (auto& t : dec) t = int32_t(rng() % uint32_t(V));
+    const RunOut cpu = run(*m, make_cache(m->cache_shape(cap), cache_spec(KVStorage::F16)), ids, dec);
+    for (int r = 0; r < 3; ++r) {
+      cuda::activate(*m);
+      std::unique_ptr<KVCache> gc = make_cache(m->cache_shape(cap), cache_spec(KVStorage::F16));
+      cuda::deactivate();
+      const RunOut g = run(*m, std::move(gc), ids, dec);
+      std::string rows;
+      for (int64_t t = 0; t < n_prefill; ++t)
+        rows += fmt::format(" {:.1e}", rel_err(g.prefill.data() + t * V, cpu.prefill.data() + t * V, V));
+      rows += " | decode:";
+      for (size_t i = 0; i < g.steps.size(); ++i) rows += fmt::format(" {:.1e}", rel_err(g.steps[i].data(), cpu.steps[i].data(), V));
+      const double worst = worst_err(g, cpu, n_prefill, V);
+      EXPECT_LE(worst, 1e-3) << name << " run " << r << ", prefill rows:" << rows;
+      std::printf("%s weights, run %d vs CPU: worst %.2e; prefill rows:%s\n", name, r, worst, rows.c_str());
+    }
+  }
+}
+
 }  // namespace
+
 }  // namespace ptllm
