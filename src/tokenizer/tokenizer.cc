@@ -338,6 +338,7 @@ std::string StreamDecoder::push(int32_t id) {
       if (run_broken_ || run_sent_ < run) return end_broken_run(run, true);
       run_sent_ = 0;  // valid as a whole: decode(ids_) extends prefix_, as below
     }
+    run_broken_ = false;  // a run that broke with nothing sent ends here too (decode() settles it)
   }
   std::string s = t.decode(ids_, skip_special_);
   // A trailing U+FFFD may be an unfinished byte-level character: wait.

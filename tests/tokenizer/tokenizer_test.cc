@@ -280,6 +280,14 @@ TEST(StreamDecoder, EagerByteRunsSendWholeCharactersAtOnce) {
     EXPECT_EQ(sd.push(id("<0x0A>")), "\n");
     EXPECT_EQ(sd.flush(), "");
   }
+  {  // A run that breaks before anything of it went out is decode()'s; the next run is eager again.
+    StreamDecoder sd(t, true, ptllm::ByteRuns::Eager);
+    std::vector<std::string> got;
+    for (int32_t i : {id("\xE2\x96\x81Hello"), id("<0xE2>"), id("<0x41>"), id("\xE2\x96\x81world"), id("<0x0A>")})
+      got.push_back(sd.push(i));
+    EXPECT_EQ(got, (std::vector<std::string>{"Hello", "", "", fffd + fffd + " world", "\n"}));
+    EXPECT_EQ(sd.flush(), "");
+  }
 }
 
 // Eager on random ids: every piece valid UTF-8, and the text equal to decode() wherever
