@@ -60,7 +60,7 @@ void raise_fd_limit() {
 struct ServeOpts {
   std::string model, kv_budget = "256MiB", chat_template, max_body = "4MiB";
   int64_t max_sequences = 16, max_queue = 64, prefill_chunk = 64;
-  int threads = 0, http_threads = 0;
+  int threads = 0, http_threads = 0, compute_nice = 10;
   WeightOpts weights;  // --weights, --mmap
   DeviceOpts device;
   serve::ServerOptions server;
@@ -98,6 +98,7 @@ void serve_main(ServeOpts& o) {
   sc.max_queue = o.max_queue;
   sc.prefill_chunk = o.prefill_chunk;
   sc.prefill_tokens_per_step = o.prefill_chunk * 2;
+  sc.compute_nice = o.compute_nice;
   o.server.max_body = parse_bytes(o.max_body, "--max-body");
   o.server.http_threads = o.http_threads > 0 ? o.http_threads : int(std::max<int64_t>(64, o.max_sequences + o.max_queue + 16));
   o.server.cache_defaults = o.cache;
@@ -157,6 +158,10 @@ void add_serve_command(CLI::App& root) {
   cmd->add_option("--http-threads", o->http_threads,
                   "Connections served at once (default max(64, max-sequences + max-queue + 16))")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--compute-nice", o->compute_nice,
+                  "Nice value of the decode threads, 0-19 (default 10: the HTTP threads get a core first, "
+                  "so a token goes out at the step that made it; 0 leaves them as started)")
+      ->check(CLI::Range(0, 19));
   add_threads_flag(cmd, o->threads);
   add_weights_flag(cmd, o->weights);
   add_device_flags(cmd, o->device);

@@ -9,6 +9,11 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "core/error.h"
 
@@ -28,6 +33,8 @@ Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics* metrics)
     : backend_(backend), cfg_(cfg), metrics_(metrics) {
   if (cfg_.max_sequences < 1) fail("--max-sequences {}: expected >= 1", cfg_.max_sequences);
   if (cfg_.max_queue < 0) fail("--max-queue {}: expected >= 0", cfg_.max_queue);
+  if (cfg_.compute_nice < 0 || cfg_.compute_nice > 19)
+    fail("--compute-nice {}: expected 0 to 19 (a higher value yields the cores to the HTTP threads)", cfg_.compute_nice);
   if (cfg_.prefill_chunk < 1) fail("prefill chunk {}: expected >= 1", cfg_.prefill_chunk);
   if (const char* p = std::getenv("PTLLM_SERVE_TRACE"); p && *p) {
     trace_ = std::fopen(p, "w");
@@ -299,18 +306,39 @@ void Scheduler::loop() {
   }
 }
 
+namespace {
+// Lowers the calling thread's priority (Linux: a nice value per thread id; raising
+// nice needs no privilege). Elsewhere a no-op.
+void lower_this_thread(int nice) {
+#ifdef __linux__
+  if (nice > 0) setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), nice);
+#else
+  (void)nice;
+#endif
+}
+}  // namespace
+
 void Scheduler::start() {
+  const int nice = cfg_.compute_nice;
 #ifdef _OPENMP
   // omp_set_num_threads (--threads) sets the calling thread's team size only: a
   // new std::thread starts from the process default (every core), so the step
   // thread takes the size of the thread that starts it.
   const int threads = omp_get_max_threads();
-  thread_ = std::thread([this, threads] {
+  thread_ = std::thread([this, threads, nice] {
     omp_set_num_threads(threads);
+    // Each thread of the team lowers itself. libgomp keeps this thread's team for
+    // every later parallel region (and a thread it adds later inherits the nice of
+    // the thread that creates it), so every step runs on lowered threads.
+#pragma omp parallel
+    lower_this_thread(nice);
     loop();
   });
 #else
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this, nice] {
+    lower_this_thread(nice);
+    loop();
+  });
 #endif
 }
 

@@ -49,6 +49,11 @@ struct SchedulerConfig {
   int64_t max_queue = 64;
   int64_t prefill_chunk = 64;           // prompt tokens per sequence per step
   int64_t prefill_tokens_per_step = 128;  // all sequences together (at least one chunk per step)
+  // Nice value (0-19, Linux) for the step thread and its OpenMP team, leaving the HTTP
+  // threads at the process's own: with two cores and spinning compute threads, a stream's
+  // writer otherwise waits for a core and its token goes out a step or more late
+  // (docs/SERVER.md, "Session 27"). 0 leaves every thread as it is.
+  int compute_nice = 0;
 };
 
 enum class Admit { Queued, QueueFull, Draining, TooLarge };

@@ -5,6 +5,15 @@
 
 #include <map>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "engine/session.h"
 #include "model/device_cache.h"
 #include "serve/engine_backend.h"
@@ -267,6 +276,58 @@ TEST(ServeScheduler, BackgroundThreadAndDestructorFinishesPending) {
     s.submit(j);
   }
   EXPECT_EQ(r2.finishes, 1);  // whatever state it was in, it got exactly one finish
+}
+
+#ifdef __linux__
+// --compute-nice: the step thread and every thread of its OpenMP team (the ones a
+// step's kernels run on) have the nice value; the thread that started the
+// scheduler (an HTTP thread's stand-in) keeps its own.
+TEST(ServeScheduler, ComputeNiceLowersTheStepThreadAndItsTeam) {
+  struct NiceBackend : FakeBackend {
+    std::mutex mu;
+    std::vector<int> seen;  // nice values seen during decode: the step thread's, then its team's
+    void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) override {
+      const auto nice_here = [] { return getpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid))); };
+      std::lock_guard lk(mu);
+      seen.push_back(nice_here());
+#ifdef _OPENMP
+#pragma omp parallel num_threads(2)
+      {
+        const int n = nice_here();
+#pragma omp critical
+        seen.push_back(n);
+      }
+#endif
+      FakeBackend::decode(seqs, out);
+    }
+  };
+  const int mine = getpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)));
+  ASSERT_LT(mine, 19) << "the test needs a thread below nice 19 to tell the change";
+  NiceBackend b;
+  Record rec;
+  {
+    SchedulerConfig c = config(1000);
+    c.compute_nice = 19;
+    Scheduler s(b, c);
+    s.start();
+    s.submit(make_job({1}, rec, 3));
+    for (int i = 0; i < 400 && rec.finishes == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(rec.finishes, 1);
+  std::lock_guard lk(b.mu);
+  ASSERT_FALSE(b.seen.empty());
+  for (int n : b.seen) EXPECT_EQ(n, 19);
+  EXPECT_EQ(getpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid))), mine);
+}
+#endif
+
+TEST(ServeScheduler, ComputeNiceOutOfRangeIsAnError) {
+  FakeBackend b;
+  SchedulerConfig c = config(1000);
+  c.compute_nice = 20;
+  EXPECT_THROW(Scheduler(b, c), Error);
+  c.compute_nice = -1;
+  EXPECT_THROW(Scheduler(b, c), Error);
 }
 
 // --- the real engine ---
