@@ -135,20 +135,26 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
   auto out = g.out;
   job.on_token = [ts, out](int32_t id) {
     const std::string piece = ts->stop.push(ts->dec.push(id));
-    std::lock_guard lk(out->mu);
-    ++out->completion_tokens;
-    if (!piece.empty()) out->pending.push_back(piece);
+    {
+      std::lock_guard lk(out->mu);
+      ++out->completion_tokens;
+      if (!piece.empty()) out->pending.push_back(piece);
+    }
+    // Notified with the lock released: the writer runs at a higher priority than this
+    // thread (--compute-nice) and would otherwise wake only to wait for the lock.
     out->cv.notify_all();
     return !ts->stop.stopped();
   };
   job.on_finish = [ts, out](FinishReason r, const std::string& error) {
     std::string rest = ts->stop.push(ts->dec.flush());  // a held-back partial character, then held-back text
     rest += ts->stop.flush();
-    std::lock_guard lk(out->mu);
-    if (!rest.empty()) out->pending.push_back(std::move(rest));
-    out->done = true;
-    out->reason = r;
-    out->error = error;
+    {
+      std::lock_guard lk(out->mu);
+      if (!rest.empty()) out->pending.push_back(std::move(rest));
+      out->done = true;
+      out->reason = r;
+      out->error = error;
+    }
     out->cv.notify_all();
   };
   std::string why;
