@@ -23,7 +23,10 @@ size_t utf8_char_len(const unsigned char* p, size_t n, size_t* bad, bool* trunca
 // Decodes one code point; invalid bytes yield cp = 0xFFFFFFFF and advance 1.
 uint32_t utf8_next(std::string_view s, size_t& i);
 void utf8_append(std::string& out, uint32_t cp);
-bool utf8_valid(std::string_view s, size_t* first_bad = nullptr);
+// False at the first byte that does not start a well-formed character (*first_bad); then
+// *truncated says whether the bytes from there to the end are a strict prefix of one (more
+// bytes may complete it) rather than ill-formed.
+bool utf8_valid(std::string_view s, size_t* first_bad = nullptr, bool* truncated = nullptr);
 // Rust String::from_utf8_lossy.
 void append_lossy(std::string& out, std::string_view bytes);
 // True when `bytes` ends with a strict prefix of a well-formed character, i.e.

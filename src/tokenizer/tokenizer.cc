@@ -265,22 +265,9 @@ std::string StreamDecoder::push_run_byte() {
   if (run_broken_) return {};
   std::string bytes;
   const size_t run = trailing_run(ids_.size(), &bytes);
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  size_t whole = 0;  // bytes of whole characters from the run's start
-  while (whole < bytes.size()) {
-    if (p[whole] < 0x80) {
-      ++whole;
-      continue;
-    }
-    size_t bad = 0;
-    bool truncated = false;
-    const size_t len = tok_detail::utf8_char_len(p + whole, bytes.size() - whole, &bad, &truncated);
-    if (len == 0) {
-      run_broken_ = !truncated;  // truncated: more bytes may complete it
-      break;
-    }
-    whole += len;
-  }
+  size_t whole = bytes.size();  // bytes of whole characters from the run's start
+  bool truncated = false;       // the rest is a character's start: more bytes may complete it
+  if (!tok_detail::utf8_valid(bytes, &whole, &truncated)) run_broken_ = !truncated;
   if (run_broken_ || whole <= run_sent_) return {};
   // One byte per piece: the ids up to the run's `whole`-th byte decode to its whole characters.
   std::string s = tok_.impl().decode(std::span<const int32_t>(ids_.data(), ids_.size() - run + whole), skip_special_);

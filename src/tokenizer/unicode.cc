@@ -91,7 +91,7 @@ void utf8_append(std::string& out, uint32_t cp) {
   }
 }
 
-bool utf8_valid(std::string_view s, size_t* first_bad) {
+bool utf8_valid(std::string_view s, size_t* first_bad, bool* truncated) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t i = 0;
   while (i < s.size()) {
@@ -104,10 +104,12 @@ bool utf8_valid(std::string_view s, size_t* first_bad) {
     size_t len = utf8_char_len(p + i, s.size() - i, &bad, &trunc);
     if (len == 0) {
       if (first_bad) *first_bad = i;
+      if (truncated) *truncated = trunc;
       return false;
     }
     i += len;
   }
+  if (truncated) *truncated = false;
   return true;
 }
 

@@ -184,7 +184,7 @@ TEST(GgufVocab, ConvertedFlagshipMetadataMatchesLlamaCpp) {
 
 // write_gguf_tokenizer -> GGUF file -> tokenizer_from_gguf gives the HF ids.
 TEST(GgufVocab, WriteReadRoundTrip) {
-  for (const std::string dir : {kFix + "gpt2", kFix + "spm-bpe-32k"}) {
+  for (const std::string& dir : {kFix + "gpt2", kFix + "spm-bpe-32k"}) {
     const std::string cfg_path = dir + "/tokenizer_config.json";
     const std::string cfg = std::filesystem::exists(cfg_path) ? slurp(cfg_path) : "";
     ptllm::GgufWriter w;
