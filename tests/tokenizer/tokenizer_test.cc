@@ -89,6 +89,36 @@ void check_vectors(const Tokenizer& t, const std::string& path, bool roundtrip) 
 }  // namespace
 
 // ------------------------------------------------------------- exactness
+// utf8_valid's first_bad / truncated, on byte strings whose answers follow from UTF-8's
+// definition (RFC 3629): "é" is C3 A9, "€" is E2 82 AC; C3 alone is a 2-byte character's start;
+// 80 is a continuation byte with no lead; C0 never starts a character.
+TEST(Utf8Valid, FirstBadAndTruncated) {
+  struct Case {
+    std::string bytes;
+    bool valid;
+    size_t first_bad;
+    bool truncated;
+  };
+  const Case cases[] = {
+      {"a\xC3\xA9\xE2\x82\xAC", true, 0, false},
+      {"a\xC3", false, 1, true},
+      {"\xC3\xA9\xE2\x82", false, 2, true},
+      {"a\x80", false, 1, false},
+      {"\xE2\x82 ", false, 0, false},  // cut off by a space: ill-formed, not waiting
+      {"\xC0\x80", false, 0, false},
+      {"\xF0\x9F\x98", false, 0, true},
+  };
+  for (const Case& c : cases) {
+    size_t first_bad = 99;
+    bool truncated = true;
+    EXPECT_EQ(ptllm::tok_detail::utf8_valid(c.bytes, &first_bad, &truncated), c.valid) << c.bytes;
+    if (!c.valid) {
+      EXPECT_EQ(first_bad, c.first_bad) << c.bytes;
+    }
+    EXPECT_EQ(truncated, c.truncated) << c.bytes;
+  }
+}
+
 TEST(TokenizerCases, Llama3) { check_cases(llama3(), kFix + "llama3/cases.json"); }
 TEST(TokenizerCases, Qwen3) { check_cases(qwen3(), kFix + "qwen3/cases.json"); }
 TEST(TokenizerCases, SpmBpe32k) { check_cases(spm32k(), kFix + "spm-bpe-32k/cases.json"); }
