@@ -203,12 +203,19 @@ std::shared_ptr<DevBuf> Engine::upload(const TensorView& t, bool matrix) {
   auto b = std::make_shared<DevBuf>();
   const k::Elem e = matrix ? we_ : k::Elem::F32;
   b->reserve(size_t(n) * size_t(k::elem_bytes(e)));
+  // Copies on stream_, not cudaMemcpy: a copy from pageable memory returns once the bytes
+  // are staged, before its DMA to the device ends, and the legacy stream it runs on does
+  // not order a non-blocking stream's kernels. The conversion that followed it on stream_
+  // read the staging buffer while the DMA was still writing it: bf16/f16 weights partly
+  // garbage, different from run to run (session 27: Bf16ModelOneRowDecodeMatchesCpu
+  // 0.5-1.9 relative against the CPU on the H200, fp32 weights 5.6e-5).
   if (e == k::Elem::F32) {
-    check(cudaMemcpy(b->p, tmp_.data(), size_t(n) * 4, cudaMemcpyHostToDevice), "upload");
+    check(cudaMemcpyAsync(b->p, tmp_.data(), size_t(n) * 4, cudaMemcpyHostToDevice, stream_), "upload");
+    check(cudaStreamSynchronize(stream_), "upload");
   } else {
     DevBuf stage;
     stage.reserve(size_t(n) * 4);
-    check(cudaMemcpy(stage.p, tmp_.data(), size_t(n) * 4, cudaMemcpyHostToDevice), "upload");
+    check(cudaMemcpyAsync(stage.p, tmp_.data(), size_t(n) * 4, cudaMemcpyHostToDevice, stream_), "upload");
     k::convert(stage.f(), e, b->p, n, stream_);
     check(cudaStreamSynchronize(stream_), "convert");
   }

@@ -127,6 +127,9 @@ void CudaCache::copy_from(const KVCache& other) {
                       {&kpar_, &o->kpar_}, {&vpar_, &o->vpar_}, {&ksink_, &o->ksink_}, {&vsink_, &o->vsink_},
                       {&kres_, &o->kres_}, {&vres_, &o->vres_}})
     if (s->bytes) check(cudaMemcpy(d->p, s->p, s->bytes, cudaMemcpyDeviceToDevice), "cache copy");
+  // A device-to-device cudaMemcpy returns before it runs, on the legacy stream, which does
+  // not order the engine's non-blocking stream: done before any step reads the copy.
+  check(cudaStreamSynchronize(cudaStreamLegacy), "cache copy");
   position_ = o->position_;
   ring_start_ = o->ring_start_;
   len_ = o->len_;
@@ -237,6 +240,9 @@ void CudaCache::init_kivi() {
   }
   kcs_.reserve(cs.size() * 4);
   check(cudaMemcpy(kcs_.p, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "slot table");
+  // From pageable memory cudaMemcpy returns once the bytes are staged, before the DMA ends
+  // (and the engine's stream is non-blocking): wait for it before a kernel reads the table.
+  check(cudaStreamSynchronize(cudaStreamLegacy), "slot table");
 }
 
 k::KiviLayer CudaCache::kivi_layer(int64_t l, const KState& st) const {
