@@ -1026,6 +1026,40 @@ TEST(CudaBackend, Bf16ModelOneRowDecodeMatchesCpu) {
   }
 }
 
+// Session 27 diagnosis of the test above (which fails on the H200 in every switch setting
+// for the bf16 model only, with GPU runs differing from each other): the same bf16 model with
+// its weights on the GPU as bf16 and as fp32 (cuda::activate's WeightType), each GPU run
+// against the CPU and against the GPU run before it, with 12 prompt rows and with 1.
+TEST(CudaBackend, Bf16ModelWeightTypeDiagnosis) {
+  auto m = random_hd64_gqa4_model("cuda_diag_bf16.gguf", DType::BF16);
+  const int64_t V = m->config().vocab_size;
+  for (int64_t n_prefill : {int64_t(1), int64_t(12)}) {
+    const int64_t n_decode = 4, cap = n_prefill + n_decode;
+    std::mt19937 rng(23);
+    std::vector<int32_t> ids(static_cast<size_t>(n_prefill)), dec(static_cast<size_t>(n_decode));
+    for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+    for (auto& t : dec) t = int32_t(rng() % uint32_t(V));
+    const RunOut cpu = run(*m, make_cache(m->cache_shape(cap), cache_spec(KVStorage::F16)), ids, dec);
+    for (cuda::WeightType wt : {cuda::WeightType::Auto, cuda::WeightType::F32}) {
+      const char* wn = wt == cuda::WeightType::Auto ? "bf16" : "f32";
+      RunOut prev;
+      for (int r = 0; r < 3; ++r) {
+        cuda::activate(*m, wt);
+        std::unique_ptr<KVCache> gc = make_cache(m->cache_shape(cap), cache_spec(KVStorage::F16));
+        cuda::deactivate();
+        const RunOut g = run(*m, std::move(gc), ids, dec);
+        const double vs_cpu = worst_err(g, cpu, n_prefill, V);
+        const double row0 = rel_err(g.prefill.data(), cpu.prefill.data(), V);
+        const double vs_prev = r > 0 ? worst_err(g, prev, n_prefill, V) : 0.0;
+        std::printf("diag: %2lld prompt rows, GPU weights %s, run %d: vs CPU worst %.2e (row 0 %.2e), vs previous GPU run %.2e\n",
+                    (long long)n_prefill, wn, r, vs_cpu, row0, vs_prev);
+        EXPECT_LE(vs_cpu, 1e-3) << n_prefill << " rows, GPU weights " << wn << ", run " << r;
+        prev = g;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 }  // namespace ptllm
