@@ -18,6 +18,7 @@
 # the warm-up's step left out): its median and minimum per run, in microseconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/serve_url.sh
 BIN=${BIN:-build/app/posttrainllm}
 MODEL=${MODEL:-models/flagship-27m}
 ROUNDS=${ROUNDS:-3}
@@ -41,10 +42,7 @@ run() {  # $1 = name, $2 = assignments, $3 = K
   env "${envs[@]}" PTLLM_SERVE_TRACE="$work/trace.txt" "$bin" serve "$MODEL" --port 0 --threads "$THREADS" --max-sequences "$3" --max-queue 1024 \
     --kv-budget 4GiB "${flags[@]}" 2>"$log" &
   local pid=$!
-  for _ in $(seq 100); do
-    url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" || true); [ -n "$url" ] && break; sleep 0.1
-  done
-  [ -n "$url" ] || { echo "serve_ab: server did not start: $(cat "$log")" >&2; exit 1; }
+  url=$(serve_url "$log" serve_ab) || exit 1
   curl -sf "$url/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":2}' >/dev/null
   if [ "$PREFILL" -gt 0 ]; then
     local body

@@ -15,6 +15,7 @@
 #     CLIENTS=py scripts/serve_one_stream.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/serve_url.sh
 BIN=${BIN:-build/app/posttrainllm}
 MODEL=${MODEL:-models/flagship-27m}
 ROUNDS=${ROUNDS:-3}; TOKENS=${TOKENS:-200}; SLOW_MS=${SLOW_MS:-2.2}
@@ -61,11 +62,7 @@ for r in $(seq "$ROUNDS"); do
     env $envs PTLLM_SERVE_TRACE="$work/trace.txt" "$BIN" serve "$MODEL" --port 0 --max-sequences 4 $flags \
       2> "$work/serve.log" &
     pid=$!
-    url=""
-    for _ in $(seq 100); do
-      url=$(grep -o 'http://[0-9.]*:[0-9]*' "$work/serve.log" || true); [ -n "$url" ] && break; sleep 0.1
-    done
-    [ -n "$url" ] || { echo "serve_one_stream: server did not start: $(cat "$work/serve.log")" >&2; exit 1; }
+    url=$(serve_url "$work/serve.log" serve_one_stream) || exit 1
     python3 scripts/serve_load_stdlib.py "$url" 1 50 > /dev/null  # warm-up, untimed
     for c in $CLIENTS; do
       t0=$(mono_us); echo "$t0" > "$work/from_us"

@@ -13,6 +13,7 @@
 #   SECONDS_TOTAL=600 CONCURRENCY=16 [RSS_OUT=FILE] scripts/serve_soak.sh [extra serve flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/serve_url.sh
 BIN=${BIN:-build/app/posttrainllm}
 S=${SECONDS_TOTAL:-600}
 C=${CONCURRENCY:-16}
@@ -26,9 +27,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 # the load warms up in the first wave and the flatness check measures leaks only.
 "$BIN" serve --port 0 --threads "$THREADS" --max-sequences "$C" --http-threads $((C + 8)) "$@" 2>"$work/serve.log" &
 pid=$!
-url=""
-for _ in $(seq 100); do url=$(grep -o 'http://[0-9.]*:[0-9]*' "$work/serve.log" || true); [ -n "$url" ] && break; sleep 0.1; done
-[ -n "$url" ] || { echo "serve_soak: server did not start: $(cat "$work/serve.log")" >&2; exit 1; }
+url=$(serve_url "$work/serve.log" serve_soak) || exit 1
 ( t=0; while kill -0 "$pid" 2>/dev/null; do
     echo "$t $(awk '/VmRSS|RssAnon/ {printf "%s ", $2}' /proc/$pid/status)" >>"$work/rss.txt"; sleep 10; t=$((t + 10)); done ) &
 node scripts/serve_load.mjs "$url" --concurrency "$C" --requests 100000000 --max-tokens 200 --seconds "$S" | tee "$work/load.json"

@@ -14,6 +14,7 @@
 # the server's latency from what the Node client's own CPU use adds to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/serve_url.sh
 BIN=${BIN:-build/app/posttrainllm}
 ROUNDS=${ROUNDS:-3}
 LEVELS=${LEVELS:-"1 4 16 64"}
@@ -35,11 +36,8 @@ ours() {  # $1 = K
   "$BIN" serve "$MODEL" --port 0 --threads "$THREADS" --max-sequences "$1" --max-queue 1024 \
     --kv-budget 4GiB $OURS_CACHE 2>"$log" &
   local pid=$!
-  local url=""
-  for _ in $(seq 100); do
-    url=$(grep -o 'http://[0-9.]*:[0-9]*' "$log" || true); [ -n "$url" ] && break; sleep 0.1
-  done
-  [ -n "$url" ] || { echo "serve_vs_llamacpp: server did not start: $(cat "$log")" >&2; exit 1; }
+  local url
+  url=$(serve_url "$log" serve_vs_llamacpp) || exit 1
   # Warm-up outside the timing (weights faulted in), as llamacpp_streams.mjs does.
   curl -sf "$url/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":2}' >/dev/null
   # --warmup: the Node client's own start-up (module loading, JIT) done before its timed streams.
