@@ -161,7 +161,7 @@ void add_serve_command(CLI::App& root) {
   cmd->add_option("--compute-nice", o->compute_nice,
                   "Nice value of the decode threads, 0-19 (default 10: the HTTP threads get a core first, "
                   "so a token goes out at the step that made it; 0 leaves them as started)")
-      ->check(CLI::Range(0, 19));
+      ->check(CLI::Range(0, serve::kMaxComputeNice));
   add_threads_flag(cmd, o->threads);
   add_weights_flag(cmd, o->weights);
   add_device_flags(cmd, o->device);

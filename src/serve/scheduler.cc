@@ -33,8 +33,9 @@ Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics* metrics)
     : backend_(backend), cfg_(cfg), metrics_(metrics) {
   if (cfg_.max_sequences < 1) fail("--max-sequences {}: expected >= 1", cfg_.max_sequences);
   if (cfg_.max_queue < 0) fail("--max-queue {}: expected >= 0", cfg_.max_queue);
-  if (cfg_.compute_nice < 0 || cfg_.compute_nice > 19)
-    fail("--compute-nice {}: expected 0 to 19 (a higher value yields the cores to the HTTP threads)", cfg_.compute_nice);
+  if (cfg_.compute_nice < 0 || cfg_.compute_nice > kMaxComputeNice)
+    fail("--compute-nice {}: expected 0 to {} (a higher value yields the cores to the HTTP threads)", cfg_.compute_nice,
+         kMaxComputeNice);
   if (cfg_.prefill_chunk < 1) fail("prefill chunk {}: expected >= 1", cfg_.prefill_chunk);
   if (const char* p = std::getenv("PTLLM_SERVE_TRACE"); p && *p) {
     trace_ = std::fopen(p, "w");

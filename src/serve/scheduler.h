@@ -43,13 +43,16 @@ struct Job {
   std::atomic<bool> cancelled{false};  // set by the HTTP thread on disconnect
 };
 
+// Linux's lowest priority: nice values run from 0 (as started) to this.
+constexpr int kMaxComputeNice = 19;
+
 struct SchedulerConfig {
   size_t kv_budget = size_t(256) << 20;
   int64_t max_sequences = 16;
   int64_t max_queue = 64;
   int64_t prefill_chunk = 64;           // prompt tokens per sequence per step
   int64_t prefill_tokens_per_step = 128;  // all sequences together (at least one chunk per step)
-  // Nice value (0-19, Linux) for the step thread and its OpenMP team, leaving the HTTP
+  // Nice value (0 to kMaxComputeNice, Linux) for the step thread and its OpenMP team, leaving the HTTP
   // threads at the process's own: with two cores and spinning compute threads, a stream's
   // writer otherwise waits for a core and its token goes out a step or more late
   // (docs/SERVER.md, "Session 27"). 0 leaves every thread as it is.
