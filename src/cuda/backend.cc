@@ -51,6 +51,7 @@ class Engine {
   void run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int64_t n_caches, float* logits,
            bool all_logits);
   const Model& model() const { return m_; }
+  cudaStream_t stream() const { return stream_; }
   WeightType weights() const { return asked_; }
   size_t weight_bytes() const { return weight_bytes_; }
 
@@ -120,6 +121,8 @@ void CudaCache::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* 
   }
   eng_->run(tokens, B, cs.data(), B, logits, true);
 }
+
+cudaStream_t engine_stream(const Engine& e) { return e.stream(); }
 
 Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   const auto& c = m.config();

@@ -116,6 +116,8 @@ size_t CudaCache::device_bytes() const {
   return n;
 }
 
+cudaStream_t CudaCache::stream() const { return eng_ ? engine_stream(*eng_) : cudaStreamLegacy; }
+
 void CudaCache::copy_from(const KVCache& other) {
   const auto* o = dynamic_cast<const CudaCache*>(&other);
   if (!o || o->eng_ != eng_) fail("GPU cache copy: the source is not a GPU cache of this model");
@@ -126,10 +128,10 @@ void CudaCache::copy_from(const KVCache& other) {
   for (auto [d, s] : {std::pair{&k_, &o->k_}, {&v_, &o->v_}, {&kcodes_, &o->kcodes_}, {&vcodes_, &o->vcodes_},
                       {&kpar_, &o->kpar_}, {&vpar_, &o->vpar_}, {&ksink_, &o->ksink_}, {&vsink_, &o->vsink_},
                       {&kres_, &o->kres_}, {&vres_, &o->vres_}})
-    if (s->bytes) check(cudaMemcpy(d->p, s->p, s->bytes, cudaMemcpyDeviceToDevice), "cache copy");
-  // A device-to-device cudaMemcpy returns before it runs, on the legacy stream, which does
-  // not order the engine's non-blocking stream: done before any step reads the copy.
-  check(cudaStreamSynchronize(cudaStreamLegacy), "cache copy");
+    if (s->bytes) check(cudaMemcpyAsync(d->p, s->p, s->bytes, cudaMemcpyDeviceToDevice, stream()), "cache copy");
+  // On the stream the steps run on, so that the next step reads the copy, not what was there;
+  // without an engine, waited for here (nothing else orders it).
+  if (!eng_) check(cudaStreamSynchronize(stream()), "cache copy");
   position_ = o->position_;
   ring_start_ = o->ring_start_;
   len_ = o->len_;
@@ -239,10 +241,10 @@ void CudaCache::init_kivi() {
     }
   }
   kcs_.reserve(cs.size() * 4);
-  check(cudaMemcpy(kcs_.p, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice), "slot table");
-  // From pageable memory cudaMemcpy returns once the bytes are staged, before the DMA ends
-  // (and the engine's stream is non-blocking): wait for it before a kernel reads the table.
-  check(cudaStreamSynchronize(cudaStreamLegacy), "slot table");
+  // On the steps' stream: from pageable memory the call returns once `cs` is staged (so it may
+  // go out of scope), and the kernels that read the table come after it on the same stream.
+  check(cudaMemcpyAsync(kcs_.p, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice, stream()), "slot table");
+  if (!eng_) check(cudaStreamSynchronize(stream()), "slot table");
 }
 
 k::KiviLayer CudaCache::kivi_layer(int64_t l, const KState& st) const {

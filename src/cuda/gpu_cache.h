@@ -15,6 +15,8 @@
 namespace ptllm::cuda {
 
 class Engine;  // the model on the GPU (backend.cc)
+// The stream every launch of `e` goes on (non-blocking: it does not wait for the legacy stream).
+cudaStream_t engine_stream(const Engine& e);
 
 // K/V of every layer on the GPU. Plain storage (fp32/fp16/bf16): [layers][kvh][capacity][hd]
 // per K and V, the PlainStore slot layout (sinks, then a ring). Grouped KIVI (int8/int4/int2):
@@ -97,6 +99,9 @@ class CudaCache : public DeviceKVCache {
     KState before;
   };
 
+  // Where this cache's copies go: the engine's stream, so that its kernels see them in order
+  // (the legacy stream without an engine, as probe.h's kernels run there).
+  cudaStream_t stream() const;
   void init_kivi();
   k::KiviLayer kivi_layer(int64_t l, const KState& st) const;
   void kivi_evict(int64_t drop);

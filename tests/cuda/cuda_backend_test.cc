@@ -54,6 +54,7 @@
 #include "cuda/probe.h"
 #include "engine/decoder.h"
 #include "kv/cache_spec.h"
+#include "model/device_cache.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/random_model.h"
@@ -1056,6 +1057,34 @@ TEST(CudaBackend, Bf16ModelWeightTypeDiagnosis) {
         EXPECT_LE(vs_cpu, 1e-3) << n_prefill << " rows, GPU weights " << wn << ", run " << r;
         prev = g;
       }
+    }
+  }
+}
+
+
+// A GPU cache copied from another (bench --batch fills its sequences so) decodes as its
+// source does, bit for bit: the copy is ordered before the copy's first step, whatever
+// stream the copy and the steps are on. Plain fp16 and grouped int4 (codes, scales,
+// residual and sinks are all copied), each with the ring of a StreamingLLM window wrapped.
+TEST(CudaBackend, CopiedCacheDecodesAsItsSource) {
+  auto m = load(fixture("hf/llama-gqa-tied"));
+  const int64_t V = m->config().vocab_size;
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(40), dec(20);
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+  for (auto& t : dec) t = int32_t(rng() % uint32_t(V));
+  for (const CacheSpec& spec : {cache_spec(KVStorage::F16, 4, 20), cache_spec(KVStorage::Int4, 4, 24, RopeMode::Reposition, 8, 16)}) {
+    SCOPED_TRACE(spec.describe());
+    cuda::activate(*m);
+    Decoder src(*m, make_cache(m->cache_shape(64), spec)), dst(*m, make_cache(m->cache_shape(64), spec));
+    cuda::deactivate();
+    src.prefill(ids, [](int64_t, int64_t, const float*) {});
+    auto* dc = dynamic_cast<DeviceKVCache*>(&dst.cache());
+    ASSERT_NE(dc, nullptr);
+    dc->copy_from(src.cache());
+    for (size_t i = 0; i < dec.size(); ++i) {
+      const std::vector<float> a = src.step(dec[i]), b = dst.step(dec[i]);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "step " << i;
     }
   }
 }
