@@ -58,6 +58,7 @@
 #include "model/gguf_model.h"
 #include "model/model.h"
 #include "model/random_model.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace ptllm {
@@ -185,10 +186,40 @@ void compare_model(const std::string& path, int64_t n_prefill, int64_t n_decode,
     EXPECT_NE(gc->describe().find("GPU"), std::string::npos);
     const RunOut gpu = run(*m, std::move(gc), ids, dec, gb);
     const double worst = worst_err(gpu, cpu, n_prefill, V);
-    EXPECT_LE(worst, md.tol);
-    const double pc = std::exp(nll(cpu.prefill, ids, V) / double(n_prefill - 1));
-    const double pg = std::exp(nll(gpu.prefill, ids, V) / double(n_prefill - 1));
-    EXPECT_LE(std::fabs(pg / pc - 1), md.ppl_tol) << "perplexity cpu " << pc << " gpu " << pg;
+    const auto ppl = [&](const RunOut& r) { return std::exp(nll(r.prefill, ids, V) / double(n_prefill - 1)); };
+    const double pc = ppl(cpu), pg = ppl(gpu);
+    // A quantised cache turns a last-bit difference in K or V into a code one level apart,
+    // and the model carries it on. On flagship-27m (300 tokens, G4 R8) the CPU's own paths
+    // differ from each other as much as the GPU differs from the CPU: scalar or AVX2 against
+    // AVX-512, logits 3e-3 (int8), 3-4e-2 (int4), 1.0-1.4e-1 (int2), perplexity up to 8e-3
+    // (int2), on random tokens and on real text alike (docs/CUDA.md, "Session 28"). So a
+    // quantised mode's bounds are its stated tolerances or 3x the most that the CPU's other
+    // SIMD levels differ from its own on the same tokens, whichever is larger; perplexity
+    // also passes within a quarter of what quantising moves it (the CPU's KIVI against its
+    // fp16 cache). A wrong code, scale or slot moves the logits by the quantisation's own
+    // effect, which must stay at least 2x the GPU's difference.
+    double spread = 0, ppl_spread = 0, effect = 0, ppl_effect = 0;
+    RunOut ref;
+    if (md.spec.quantised()) {
+      const ops::SimdLevel best = ops::simd_level();
+      for (ops::SimdLevel lv : {ops::SimdLevel::Scalar, ops::SimdLevel::Avx2, ops::SimdLevel::Neon}) {
+        ops::set_simd_level(lv);
+        if (ops::simd_level() == best || ops::simd_level() != lv) continue;  // not another level here
+        const RunOut o = run(*m, make_cache(m->cache_shape(cap), md.spec), ids, dec);
+        spread = std::max(spread, worst_err(o, cpu, n_prefill, V));
+        ppl_spread = std::max(ppl_spread, std::fabs(ppl(o) / pc - 1));
+      }
+      ops::set_simd_level(best);
+      CacheSpec plain = md.spec;
+      plain.storage = KVStorage::F16;
+      ref = run(*m, make_cache(m->cache_shape(cap), plain), ids, dec);
+      effect = worst_err(cpu, ref, n_prefill, V);
+      ppl_effect = std::fabs(pc / ppl(ref) - 1);
+    }
+    const double tol = std::max(md.tol, 3 * spread);
+    const double ppl_tol = std::max({md.ppl_tol, 3 * ppl_spread, ppl_effect / 4});
+    EXPECT_LE(worst, tol) << "CPU's other SIMD levels vs its own " << spread;
+    EXPECT_LE(std::fabs(pg / pc - 1), ppl_tol) << "perplexity cpu " << pc << " gpu " << pg;
     std::string extra;
     if (md.spec.quantised()) {
       // The same tokens quantised / held full precision as on the CPU.
@@ -196,16 +227,13 @@ void compare_model(const std::string& path, int64_t n_prefill, int64_t n_decode,
       EXPECT_EQ(gb[1], cb[1]) << "scale bytes";
       EXPECT_GT(cb[1], 0u) << "nothing was quantised: the case does not test the codes";
       // Quantisation matters at this size: the KIVI logits are far from an fp16 cache's.
-      CacheSpec plain = md.spec;
-      plain.storage = KVStorage::F16;
-      const RunOut ref = run(*m, make_cache(m->cache_shape(cap), plain), ids, dec);
-      const double effect = worst_err(cpu, ref, n_prefill, V);
-      const double factor = md.spec.k_storage() == KVStorage::Int8 ? 2 : 10;
-      EXPECT_GE(effect, factor * worst) << "KIVI vs fp16 on the CPU " << effect << ", GPU vs CPU " << worst;
-      extra = fmt::format(", KIVI vs fp16 cache {:.2e}, bytes {} + {} scales", effect, cb[0], cb[1]);
+      EXPECT_GE(effect, 2 * worst) << "KIVI vs fp16 on the CPU " << effect << ", GPU vs CPU " << worst;
+      extra = fmt::format(", KIVI vs fp16 cache {:.2e} / ppl {:.1e}, CPU's SIMD levels apart {:.2e} / ppl {:.1e}, "
+                          "bytes {} + {} scales",
+                          effect, ppl_effect, spread, ppl_spread, cb[0], cb[1]);
     }
-    std::printf("%s · %s: max rel logit err %.2e (tol %.0e), ppl cpu %.6f gpu %.6f (rel %.1e, tol %.0e)%s\n",
-                path.c_str(), label.c_str(), worst, md.tol, pc, pg, std::fabs(pg / pc - 1), md.ppl_tol,
+    std::printf("%s · %s: max rel logit err %.2e (tol %.1e), ppl cpu %.6f gpu %.6f (rel %.1e, tol %.1e)%s\n",
+                path.c_str(), label.c_str(), worst, tol, pc, pg, std::fabs(pg / pc - 1), ppl_tol,
                 extra.c_str());
   }
 }
