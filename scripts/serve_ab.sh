@@ -5,8 +5,9 @@
 # is NAME:ASSIGNMENTS (comma-separated VAR=VALUE, or "-" for none; BIN=PATH: that binary
 # instead of $BIN, e.g. a build of the previous commit; ARG=--flag=value: a serve flag).
 # Each run is K concurrent streams of TOKENS tokens after a warm-up request, from
-# scripts/serve_load.mjs, or with CLIENT=py from scripts/serve_load_stdlib.py (less CPU per
-# event on the two cores the server uses; no time to first token). Prints one JSON line per
+# scripts/serve_load.mjs (which first sends an untimed request of its own, CLIENT_WARMUP
+# tokens, so that its start-up is over), or with CLIENT=py from scripts/serve_load_stdlib.py
+# (less CPU per event on the two cores the server uses; no time to first token). Prints one JSON line per
 # run, then the medians per level and variant: tokens/s, client and server time to first
 # token, inter-token p50 / p99 (and each run's p99).
 #   VARIANTS="stepped:PTLLM_SERVE_PROMPTS=stepped together:-" ROUNDS=3 LEVELS="1 16" \
@@ -28,6 +29,7 @@ THREADS=${THREADS:-2}
 PREFILL=${PREFILL:-0}
 PROMPT=${PROMPT:-Once upon a time there was a little girl}
 CLIENT=${CLIENT:-node}
+CLIENT_WARMUP=${CLIENT_WARMUP:-16}  # serve_load.mjs --warmup: the Node client's start-up before its timed streams (as serve_vs_llamacpp.sh)
 VARIANTS=${VARIANTS:?"VARIANTS=\"NAME:VAR=VALUE,... NAME:- ...\""}
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -64,7 +66,7 @@ import json, sys; j = json.load(sys.stdin)
 print(json.dumps({'variant': '$1', 'streams': $3, 'failed': j['failed'], 'tokens_per_second': j['events_per_s'],
                   'itl_ms_p50': j['itl_ms_p50'], 'itl_ms_p99': j['itl_ms_p99']}))"
   else
-    node scripts/serve_load.mjs "$url" --concurrency "$3" --requests "$3" --max-tokens "$TOKENS" |
+    node scripts/serve_load.mjs "$url" --concurrency "$3" --requests "$3" --max-tokens "$TOKENS" --warmup "$CLIENT_WARMUP" |
       sed "s/^{/{\"variant\":\"$1\",\"streams\":$3,/"
   fi
   kill -TERM "$pid"; wait "$pid" || true

@@ -23,7 +23,9 @@ THREADS=${THREADS:-2}
 MODEL=${MODEL:-models/flagship-27m}
 OURS_CACHE=${OURS_CACHE:-}      # extra serve flags, e.g. "--kv-quantize int4"
 LLAMA_KV=${LLAMA_KV:-f16}
-CLIENT_WARMUP=${CLIENT_WARMUP:-0}  # tokens of serve_load.mjs's untimed warm-up request (16 made no steady difference: docs/SERVER.md, "Session 25")
+CLIENT_WARMUP=${CLIENT_WARMUP:-16}  # tokens of serve_load.mjs's untimed warm-up request; 0: the Node client starts up
+# (JIT, first fetch) while its timed prompts are prefilled, which took the time to first token from
+# 15-28 to 110-320 ms at 4 streams (docs/SERVER.md, "Session 29"). llama.cpp's side warms up too.
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 [ -x "$BIN" ] || { echo "serve_vs_llamacpp: $BIN not built (scripts/setup.sh)" >&2; exit 2; }
