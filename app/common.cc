@@ -57,6 +57,9 @@ void add_device_flags(CLI::App* cmd, DeviceOpts& o) {
   cmd->add_option("--device", o.device, "Where the model runs: cpu (default) or cuda");
   cmd->add_option("--device-weights", o.weights,
                   "--device cuda: weights on the GPU as auto (as stored), f32, bf16 or f16 (default auto)");
+  cmd->add_flag("--device-batch-invariant", o.batch_invariant,
+                "--device cuda: each sequence's logits bit for bit the same alone or in a batch of any size, as on "
+                "the CPU (slower at 1 and at 16+ sequences a step; docs/CUDA.md). The CPU engine always is");
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -68,7 +71,9 @@ DeviceGuard apply_device(const Model& model, const DeviceOpts& o) {
   const cuda::WeightType w = cuda::parse_weight_type(o.weights, "--device-weights");
   if (o.device == "cpu") return g;
   if (o.device != "cuda") fail("--device {}: expected cpu or cuda", o.device);
-  cuda::activate(model, w);
+  cuda::EngineOptions eo;
+  eo.batch_invariant = o.batch_invariant;
+  cuda::activate(model, w, eo);
   g.active = true;
   return g;
 }

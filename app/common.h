@@ -30,9 +30,11 @@ struct WeightOpts {
 void add_weights_flag(CLI::App* cmd, WeightOpts& weights);
 LoadedModel load_model_opts(const std::string& path, const WeightOpts& weights);
 
-// --device cpu|cuda and --device-weights auto|f32|bf16|f16 (src/cuda/backend.h).
+// --device cpu|cuda, --device-weights auto|f32|bf16|f16 and --device-batch-invariant
+// (src/cuda/backend.h).
 struct DeviceOpts {
   std::string device = "cpu", weights = "auto";
+  bool batch_invariant = false;
 };
 void add_device_flags(CLI::App* cmd, DeviceOpts& o);
 // With --device cuda: uploads the model and makes every cache of it a GPU

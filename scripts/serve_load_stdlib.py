@@ -6,7 +6,8 @@ gaps near 0.
 Prints one JSON line: requests, failed, tokens, seconds, tokens/s, inter-token p50/p99 (ms),
 and the texts (for comparing runs). usage: serve_load_stdlib.py URL K TOKENS [JSON-EXTRA]
 PTLLM_LOAD_TRACE=FILE: every event's arrival ("request monotonic_us" lines, as serve_load.mjs
-writes them), for scripts/serve_trace_report.py beside the server's PTLLM_SERVE_TRACE."""
+writes them), for scripts/serve_trace_report.py beside the server's PTLLM_SERVE_TRACE.
+PTLLM_LOAD_TEXTS=FILE: every request's whole text, as a JSON list in request order."""
 import http.client, json, os, sys, threading, time, urllib.parse
 
 url, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -54,6 +55,9 @@ print(json.dumps({"requests": k, "failed": k - len(ok), "errors": [r for r in re
                   "events": tokens, "seconds": round(secs, 2), "events_per_s": round(tokens / secs, 1),
                   "itl_ms_p50": q(0.5), "itl_ms_p99": q(0.99), "distinct_texts": len({r["text"] for r in ok}),
                   "texts": sorted({r["text"] for r in ok})[:2]}))
+if os.environ.get("PTLLM_LOAD_TEXTS"):
+    with open(os.environ["PTLLM_LOAD_TEXTS"], "w") as f:
+        json.dump([(r or {}).get("text") for r in res], f)
 if os.environ.get("PTLLM_LOAD_TRACE"):
     with open(os.environ["PTLLM_LOAD_TRACE"], "w") as f:
         for i, r in enumerate(res):

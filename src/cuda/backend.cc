@@ -41,7 +41,7 @@ struct GpuLayer {
 // The model on the GPU, shared by every cache made while it is active.
 class Engine {
  public:
-  Engine(const Model& m, WeightType wt);
+  Engine(const Model& m, WeightType wt, const EngineOptions& opt);
   ~Engine() {
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (pinned_) cudaFreeHost(pinned_);
@@ -53,6 +53,7 @@ class Engine {
   const Model& model() const { return m_; }
   cudaStream_t stream() const { return stream_; }
   WeightType weights() const { return asked_; }
+  bool batch_invariant() const { return invariant_; }
   size_t weight_bytes() const { return weight_bytes_; }
 
  private:
@@ -68,6 +69,7 @@ class Engine {
   void linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
               cudaStream_t s, const k::GemvPrefetch* next = nullptr);
   bool use_gemm_ = false;
+  bool invariant_ = false;  // EngineOptions::batch_invariant
   const Model& m_;
   Gemm* gemm_ = nullptr;
   int64_t gemm_rows_ = 16, batch_launch_ = 2;
@@ -124,7 +126,8 @@ void CudaCache::forward_batch(const int32_t* tokens, int64_t B, KVCache* const* 
 
 cudaStream_t engine_stream(const Engine& e) { return e.stream(); }
 
-Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
+Engine::Engine(const Model& m, WeightType wt, const EngineOptions& opt)
+    : invariant_(opt.batch_invariant), m_(m), asked_(wt) {
   const auto& c = m.config();
   if (c.yoco()) fail("--device cuda: YOCO models are not on the GPU yet");
   int n_dev = 0;
@@ -166,6 +169,15 @@ Engine::Engine(const Model& m, WeightType wt) : m_(m), asked_(wt) {
   // 1B step's GEMVs read at 1.2-2.3 TB/s against the LM head's 3.6 (docs/CUDA.md, Session
   // 24). Off until it has run on a GPU (written in session 25 without one).
   prefetch_bytes_ = env_int("PTLLM_CUDA_L2_PREFETCH", 0) << 20;
+  if (invariant_) {
+    // Batch-invariant steps (EngineOptions): no GEMM, attention per sequence, and none of
+    // the one-row-only paths (graphs replay the batched attention launch; the folded norm
+    // and the prefetch exist only in the one-row kernels).
+    gemm_rows_ = 0;
+    batch_launch_ = 0;
+    use_graph_ = fold_norm_ = fold_lm_head_ = false;
+    prefetch_bytes_ = 0;
+  }
   if (gemm_rows_ > 0) gemm_ = Gemm::get();
   const TensorView& emb = m.tensors().get("model.embed_tokens.weight");
   if (wt == WeightType::Auto)
@@ -229,7 +241,7 @@ std::shared_ptr<DevBuf> Engine::upload(const TensorView& t, bool matrix) {
 void Engine::linear(const DevBuf& W, const float* x, const DevBuf* bias, float* y, int M, int N, int K, bool acc,
                     cudaStream_t s, const k::GemvPrefetch* next) {
   if (use_gemm_ && !bias) return gemm_->run(we_, W.p, x, xb_.p, y, M, N, K, acc, s);
-  k::gemv(we_, W.p, x, bias ? bias->f() : nullptr, y, M, N, K, acc, s, next);
+  k::gemv(we_, W.p, x, bias ? bias->f() : nullptr, y, M, N, K, acc, s, next, invariant_);
 }
 
 template <class F>
@@ -343,7 +355,8 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
   // Plain caches' keys rotated in their append (one launch less per layer): one sequence's
   // plain cache (append_plain's kcs) or, with graphs on, a batched launch (its parameters' kcs;
   // tied to graphs until it has run on a GPU, so the default batch path is as measured).
-  const bool rope_in_append = fuse_ && ((batched && use_graph_) || (n_caches == 1 && !any_kivi));
+  // Batch-invariant: a sequence alone rotates its keys as it does in a batch (a separate launch).
+  const bool rope_in_append = fuse_ && ((batched && use_graph_) || (n_caches == 1 && !any_kivi && !invariant_));
   // A batch of both kinds keeps a copy of the keys before a separate RoPE launch.
   const bool keep_raw = both && !rope_in_append;
   const int64_t per_row = 3 * H + 2 * QD + 2 * KD + 2 * F + (keep_raw ? KD : 0);
@@ -397,6 +410,7 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
         qkv.o[1] = k::GemvOut{w.wk->p, w.bk ? w.bk->f() : nullptr, kk, int(KD), false};
         qkv.o[2] = k::GemvOut{w.wv->p, w.bv ? w.bv->f() : nullptr, vv, int(KD), false};
         qkv.n = 3;
+        qkv.rows_alike = invariant_;
         if (fold) qkv.norm = k::GemvNorm{w.attn_norm->f(), eps, xn};
         qkv.next = next_of(w.wo.get(), QD * H * es, nullptr, 0);
         k::gemv_multi(we_, qkv, fold ? x : xn, int(n), int(H), s);
@@ -423,7 +437,7 @@ void Engine::run(const int32_t* tokens, int64_t n, CudaCache* const* caches, int
                        k::GemvNorm{w.ffn_norm->f(), eps, xn}, next_of(w.down.get(), H * F * es, nullptr, 0));
       } else if (fuse_ && !use_gemm_) {
         k::gemv_swiglu(we_, w.gate->p, w.up->p, xn, gate, int(n), int(F), int(H), s, k::GemvNorm{},
-                       next_of(w.down.get(), H * F * es, nullptr, 0));
+                       next_of(w.down.get(), H * F * es, nullptr, 0), invariant_);
       } else {
         linear(*w.gate, xn, nullptr, gate, int(n), int(F), int(H), false, s);
         linear(*w.up, xn, nullptr, up, int(n), int(F), int(H), false, s);
@@ -520,17 +534,18 @@ void route_caches_to(const std::shared_ptr<Engine>& eng) {
 
 bool built() { return true; }
 
-void activate(const Model& model, WeightType weights) {
+void activate(const Model& model, WeightType weights, const EngineOptions& options) {
   std::lock_guard lock(g_mu);
   // The same model again (another sequence of one batch): the same GPU weights.
   // (deactivate() lets go of the engine, but its caches may still hold it.)
-  if (auto last = g_last.lock(); last && &last->model() == &model && last->weights() == weights) {
+  if (auto last = g_last.lock(); last && &last->model() == &model && last->weights() == weights &&
+                                 last->batch_invariant() == options.batch_invariant) {
     g_engine = last;
     route_caches_to(last);
     return;
   }
   g_engine.reset();  // the previous model's weights go first (memory)
-  auto eng = std::make_shared<Engine>(model, weights);
+  auto eng = std::make_shared<Engine>(model, weights, options);
   g_engine = eng;
   g_last = eng;
   route_caches_to(eng);

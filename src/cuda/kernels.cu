@@ -665,7 +665,7 @@ static void gemv_t(GemvSegs segs, const float* x, int M, int K, cudaStream_t s) 
   int N = 0;
   for (int i = 0; i < segs.n; ++i) N += segs.o[i].N;
   if constexpr (!std::is_same_v<T, float>) {
-    if (one_row(true, M, K, x, segs.norm.w)) {
+    if (!segs.rows_alike && one_row(true, M, K, x, segs.norm.w)) {
       for (int r = 0; r < 2; ++r) {  // the bulk prefetch's operands: 16-byte aligned, whole 16-byte units
         const bool ok = reinterpret_cast<uintptr_t>(segs.next.p[r]) % 16 == 0 && segs.next.bytes[r] % 16 == 0 &&
                         segs.next.bytes[r] > 0 && segs.next.bytes[r] < (int64_t(1) << 32);  // a share's u32 size
@@ -708,10 +708,11 @@ static void gemv_e(Elem e, const GemvSegs& segs, const float* x, int M, int K, c
 }
 
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool acc,
-          cudaStream_t s, const GemvPrefetch* next) {
+          cudaStream_t s, const GemvPrefetch* next, bool rows_alike) {
   GemvSegs segs;
   segs.o[0] = GemvOut{W, bias, y, N, acc};
   segs.n = 1;
+  segs.rows_alike = rows_alike;
   if (next) segs.next = *next;
   gemv_e<false>(e, segs, x, M, K, s);
 }
@@ -730,8 +731,9 @@ void gemv_normed(Elem e, const void* W, const float* x, const GemvNorm& norm, fl
 }
 
 void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
-                 cudaStream_t s, const GemvNorm& norm, const GemvPrefetch& next) {
+                 cudaStream_t s, const GemvNorm& norm, const GemvPrefetch& next, bool rows_alike) {
   GemvSegs segs;
+  segs.rows_alike = rows_alike;
   segs.norm = norm;
   segs.next = next;
   segs.o[0] = GemvOut{Wg, nullptr, y, N, false};

@@ -25,8 +25,10 @@ void rmsnorm(const float* x, const float* w, float eps, int n, int H, float* out
 // dependent launch, kernels_common.cuh). Weights are uploaded and synchronized once.
 // next: GemvPrefetch below.
 struct GemvPrefetch;
+// rows_alike: always the general kernel, whose sums for a row are the same at every M (the
+// one-row kernels sum a row in another order than it would be summed among others).
 void gemv(Elem e, const void* W, const float* x, const float* bias, float* y, int M, int N, int K, bool accumulate,
-          cudaStream_t s, const GemvPrefetch* next = nullptr);
+          cudaStream_t s, const GemvPrefetch* next = nullptr, bool rows_alike = false);
 // Several projections of the same x in one launch: segment i is gemv(e, W, x,
 // bias, y, M, N, K, accumulate) of its own fields (q, k and v of a layer).
 struct GemvOut {
@@ -62,12 +64,13 @@ struct GemvSegs {
   int n = 0;
   GemvNorm norm;       // none when norm.w is null
   GemvPrefetch next;   // none when both sizes are 0
+  bool rows_alike = false;  // as gemv()'s
 };
 void gemv_multi(Elem e, const GemvSegs& segs, const float* x, int M, int K, cudaStream_t s);
 // y[m, :] = silu(Wg x[m, :]) * (Wu x[m, :]), Wg and Wu [N, K]: the MLP's gate, up and
 // silu_mul in one launch (each weight read once, as two gemv calls would); norm as above.
 void gemv_swiglu(Elem e, const void* Wg, const void* Wu, const float* x, float* y, int M, int N, int K,
-                 cudaStream_t s, const GemvNorm& norm = {}, const GemvPrefetch& next = {});
+                 cudaStream_t s, const GemvNorm& norm = {}, const GemvPrefetch& next = {}, bool rows_alike = false);
 // gemv() with an RMSNorm in front (GemvNorm above): the final norm and the LM head.
 void gemv_normed(Elem e, const void* W, const float* x, const GemvNorm& norm, float* y, int M, int N, int K,
                  cudaStream_t s);

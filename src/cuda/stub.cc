@@ -5,7 +5,7 @@
 namespace ptllm::cuda {
 
 bool built() { return false; }
-void activate(const Model&, WeightType) {
+void activate(const Model&, WeightType, const EngineOptions&) {
   fail("--device cuda: this build has no CUDA backend (configure with -DPTLLM_CUDA=ON on a machine with nvcc)");
 }
 void deactivate() {}

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -81,6 +82,25 @@ TEST(Cli, HelpOnEveryCommand) {
     EXPECT_EQ(r.status, 0) << c;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
   }
+}
+
+// Every command that runs a model takes the device flags, --device-batch-invariant included
+// (the GPU engine's batch-invariant mode: docs/CUDA.md). On the CPU, always batch-invariant,
+// the flag changes nothing; asking for the GPU without one is a one-line error either way.
+TEST(Cli, DeviceFlagsOnEveryModelCommand) {
+  for (const char* c : {"sample", "perplexity", "bench", "serve"}) {
+    Result r = run(std::string(c) + " --help");
+    EXPECT_EQ(r.status, 0) << c;
+    for (const char* flag : {"--device", "--device-weights", "--device-batch-invariant"})
+      EXPECT_NE(r.out.find(flag), std::string::npos) << c << " " << flag << "\n" << r.out;
+  }
+  const std::string a = "sample " + kStories + " --prompt 'Once upon a time' --tokens 12 --temperature 0 --json";
+  Result plain = run(a, true), flagged = run(a + " --device-batch-invariant", true);
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  ASSERT_EQ(flagged.status, 0) << flagged.out;
+  EXPECT_EQ(nlohmann::json::parse(plain.out)["generated_ids"], nlohmann::json::parse(flagged.out)["generated_ids"]);
+  if (std::system("nvidia-smi -L >/dev/null 2>&1") != 0)
+    expect_error("sample " + kStories + " --prompt hi --device cuda --device-batch-invariant", "--device cuda");
 }
 
 // The evaluation commands take the KIVI flags; the sweep commands document how lists combine.

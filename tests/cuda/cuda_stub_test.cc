@@ -18,6 +18,9 @@ TEST(CudaStub, ActivateExplainsTheBuildHasNoCuda) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
   }
+  cuda::EngineOptions invariant;
+  invariant.batch_invariant = true;
+  EXPECT_THROW(cuda::activate(*m, cuda::WeightType::Auto, invariant), Error);
 }
 
 TEST(CudaStub, WeightTypeFlagIsChecked) {
