@@ -5,7 +5,8 @@
 # printed), then the whole suite. 2. What the mode costs: `bench` on the 1B shape (random bf16)
 # at batch 1, 4, 16 and 64, default and invariant alternated per round. 3. `serve --device cuda`
 # on the 1B shape: one greedy request alone, then 24 identical ones at once, default and
-# invariant; how many of the 24 texts differ from the alone one.
+# invariant; how many of the 24 texts differ from the alone one. Each part also runs the mode
+# with PTLLM_CUDA_INVARIANT_TILE=1 (gemv_tile_kernel: written in session 29, not yet run).
 # Staged as the other device scripts are (prebuilt/, shared-lite/, cuda_device_env.sh and
 # serve_load_stdlib.py beside it): cd build-stage && bash THIS. PART=tests|bench|serve: one part.
 cd "$(dirname "$0")"
@@ -17,6 +18,8 @@ ROUNDS=${ROUNDS:-2}
 if has tests; then
   echo "== BatchInvariantModeMatchesEachSequenceAlone"
   timeout 120 $B/cuda_backend_test --gtest_filter='*BatchInvariantMode*' 2>&1 | filter | tail -8
+  echo "== the same with PTLLM_CUDA_INVARIANT_TILE=1 (gemv_tile_kernel)"
+  PTLLM_CUDA_INVARIANT_TILE=1 timeout 120 $B/cuda_backend_test --gtest_filter='*BatchInvariantMode*' 2>&1 | filter | tail -8
   echo "== all tests"
   timeout 400 $B/cuda_backend_test > "$OUT/all.txt" 2>&1; echo "rc $?"
   grep -E '^\[  (FAILED|PASSED)|tests ran|rows that differ' "$OUT/all.txt" | head -20
@@ -28,9 +31,10 @@ if has bench; then
   echo "== bench, 1B shape, bf16 weights, fp16 KV, depth 256: tok/s (all sequences), default against invariant"
   for r in $(seq "$ROUNDS"); do
     for b in 1 4 16 64; do
-      for v in default invariant; do
-        flag=""; [ $v = invariant ] && flag=--device-batch-invariant
-        res=$(timeout 200 $B/posttrainllm bench /tmp/l1b.gguf --device cuda $flag --kv-quantize fp16 -b $b -d 256 -p 0 \
+      for v in default invariant tile; do
+        flag=""; [ $v != default ] && flag=--device-batch-invariant
+        tile=0; [ $v = tile ] && tile=1
+        res=$(PTLLM_CUDA_INVARIANT_TILE=$tile timeout 200 $B/posttrainllm bench /tmp/l1b.gguf --device cuda $flag --kv-quantize fp16 -b $b -d 256 -p 0 \
               -n 64 -r 2 --json 2>&1 | tr -d '\n')
         echo "round $r batch $b $v $res" >> "$OUT/bench.jsonl"
         echo "$res" | python3 -c "
@@ -48,9 +52,11 @@ if has serve; then
     [ -n "$URL" ] || { echo "server did not start:"; cat "$log"; }
   }
   REQ='{"prompt":[1,2,3,4,5,6,7,8],"kv_cache":{"quantize":"fp16","sink":4,"window":252}}'
-  for v in default invariant; do
-    flag=""; [ $v = invariant ] && flag=--device-batch-invariant
-    echo "== serve --device cuda $flag, 1B shape: 1 alone, then 24 at once (greedy, 96 tokens)"
+  for v in default invariant tile; do
+    flag=""; [ $v != default ] && flag=--device-batch-invariant
+    tile=0; [ $v = tile ] && tile=1
+    echo "== serve --device cuda $flag (PTLLM_CUDA_INVARIANT_TILE=$tile), 1B shape: 1 alone, then 24 at once (greedy, 96 tokens)"
+    export PTLLM_CUDA_INVARIANT_TILE=$tile
     start "$OUT/serve_$v.log" /tmp/l1b.gguf --device cuda $flag --max-sequences 32 --kv-budget 8GiB
     PTLLM_LOAD_TEXTS="$OUT/alone_$v.texts" python3 serve_load_stdlib.py "$URL" 1 96 "$REQ" > "$OUT/alone_$v.json"
     PTLLM_LOAD_TEXTS="$OUT/many_$v.texts" python3 serve_load_stdlib.py "$URL" 24 96 "$REQ" > "$OUT/many_$v.json"

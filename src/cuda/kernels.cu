@@ -155,6 +155,83 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
   }
 }
 
+// The batch-invariant mode's product (GemvSegs::rows_alike, K % 8 == 0): up to kTileM input
+// rows per launch, each warp kTileN weight rows (kGlu: kTileN / 2 output rows, their gate and
+// up rows), wpr warps splitting K as gemv_kernel does. Each output (m, n) is the same chain
+// of FMAs whatever M is and whichever rows share the launch: lane l of part p takes the
+// 8-element words k0 = (p * 32 + l) * 8 + i * wpr * 256 in order, then the fixed butterfly
+// warp_sum, then the wpr partial sums in part order; wpr depends on N and K only. Against
+// gemv_kernel it reads each weight word once per 16 input rows instead of 8 and each input
+// word once per 4 weight rows instead of 1 (gemv_kernel from 16 rows on was ~13x slower than
+// the GEMM: docs/CUDA.md, "Session 29"). Opt-in, not yet run on a GPU: invariant_tile() below.
+constexpr int kTileM = 16, kTileN = 4;
+template <class T, bool kGlu>
+__global__ void __launch_bounds__(kWarps * 32, 2) gemv_tile_kernel(GemvSegs segs, const float* __restrict__ x, int M,
+                                                                int K, int wpr) {
+  pdl_enter();
+  constexpr int kOut = kGlu ? kTileN / 2 : kTileN;  // output rows per warp
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int part = warp % wpr;
+  const int n0 = (blockIdx.x * (kWarps / wpr) + warp / wpr) * kOut;
+  __shared__ float red[kTileN][kWarps][kTileM];
+  // Weight row r of this warp: plain, output row n0 + r of its segment; kGlu, r < kOut the
+  // gate and r >= kOut the up row of output row n0 + r % kOut.
+  // (The segments are looked up again for the stores: held across the loop they cost ~60
+  // registers.)
+  const T* w[kTileN];
+#pragma unroll
+  for (int r = 0; r < kOut; ++r) {
+    int n = n0 + r;
+    const GemvOut o = seg_of(segs, n);
+    const int row = n < o.N ? n : 0;  // a row past the end reads row 0 and stores nothing
+    w[r] = static_cast<const T*>(o.W) + int64_t(row) * K;
+    if (kGlu) w[r + kOut] = static_cast<const T*>(segs.o[1].W) + int64_t(row) * K;
+  }
+  float acc[kTileM][kTileN] = {};
+  for (int k0 = (part * 32 + lane) * 8; k0 < K; k0 += wpr * 32 * 8) {
+    float wv[kTileN][8];
+#pragma unroll
+    for (int r = 0; r < kTileN; ++r) load8(w[r] + k0, wv[r]);
+#pragma unroll
+    for (int m = 0; m < kTileM; ++m) {
+      if (m < M) {
+        float xv[8];
+        load8(x + int64_t(m) * K + k0, xv);
+#pragma unroll
+        for (int r = 0; r < kTileN; ++r)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(wv[r][j], xv[j], acc[m][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kTileM; ++m) {
+    if (m < M) {
+#pragma unroll
+      for (int r = 0; r < kTileN; ++r) {
+        const float v = warp_sum(acc[m][r]);
+        if (lane == 0) red[r][warp][m] = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (part == 0 && lane < M) {
+    const int m = lane;
+#pragma unroll
+    for (int r = 0; r < kOut; ++r) {
+      int n = n0 + r;
+      GemvOut om = seg_of(segs, n);
+      if (n >= om.N) continue;
+      float v[2] = {0.f, 0.f};
+      for (int p = 0; p < wpr; ++p) v[0] += red[r][warp + p][m];
+      if (kGlu)
+        for (int p = 0; p < wpr; ++p) v[1] += red[r + kOut][warp + p][m];
+      om.y += int64_t(m) * om.N;  // input row m's outputs
+      gemv_store<kGlu>(om, n, v);
+    }
+  }
+}
+
 // One chunk of kU 16-byte words per lane (words v0 + 32u + lane of a weight row, in raw)
 // into acc: 8-element FMA chains per word in order, x widened from fp32 pairs of float4
 // (kNorm: times the norm weight's gv, the same words of it).
@@ -616,6 +693,18 @@ static int glu_words() {
   return u;
 }
 
+// PTLLM_CUDA_INVARIANT_TILE=1: the batch-invariant mode's products take gemv_tile_kernel
+// instead of gemv_kernel (both give a row the same sums at every M). Written in session 29
+// when the device loans had paused, so not yet run on a GPU: off until it has passed
+// BatchInvariantModeMatchesEachSequenceAlone there (scripts/cuda_invariant_device.sh).
+static bool invariant_tile() {
+  static const bool on = [] {
+    const char* v = std::getenv("PTLLM_CUDA_INVARIANT_TILE");
+    return v && v[0] == '1' && v[1] == 0;
+  }();
+  return on;
+}
+
 static int sm_count() {
   static const int n = [] {
     int d = 0, c = 0;
@@ -683,6 +772,20 @@ static void gemv_t(GemvSegs segs, const float* x, int M, int K, cudaStream_t s) 
     rmsnorm(x, segs.norm.w, segs.norm.eps, M, K, segs.norm.scratch, s);
     x = segs.norm.scratch;
     segs.norm = GemvNorm{};
+  }
+  if (segs.rows_alike && K % 8 == 0 && invariant_tile()) {  // gemv_tile_kernel above
+    constexpr int kOut = kGlu ? kTileN / 2 : kTileN;
+    int wpr = 1;  // N and K only: a row's sums must not depend on M
+    while (wpr < kWarps && int64_t(N) / kOut * wpr < 4096 && K >= wpr * 2 * 256) wpr *= 2;
+    const int rows_per_block = kWarps / wpr * kOut;
+    const dim3 grid((N + rows_per_block - 1) / rows_per_block);
+    for (int m0 = 0; m0 < M; m0 += kTileM) {
+      const int m = M - m0 < kTileM ? M - m0 : kTileM;
+      GemvSegs at = segs;
+      for (int i = 0; i < at.n; ++i) at.o[i].y += int64_t(m0) * at.o[i].N;
+      launch(gemv_tile_kernel<T, kGlu>, grid, kWarps * 32, 0, s, at, x + int64_t(m0) * K, m, K, wpr);
+    }
+    return;
   }
   // Enough warps for the whole GPU (~132 SMs x 64 warps): split K over up to 8 warps per row.
   int wpr = 1;

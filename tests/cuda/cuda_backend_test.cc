@@ -1125,7 +1125,9 @@ TEST(CudaBackend, CopiedCacheDecodesAsItsSource) {
 // that make the default engine's rows depend on the batch). Three sets of caches get the same
 // prompts and tokens: each set's sequences are stepped alone, 4 together, or 20 together. The
 // default engine's count of differing rows is printed beside it (documentation, not asserted:
-// whether last-bit differences appear depends on the inputs).
+// whether last-bit differences appear depends on the inputs). The invariant mode's own product
+// kernel (gemv_tile_kernel) is checked against the CPU through the sequences with plain caches,
+// stepped alone: within the fp16 cache's 1e-3 (the CPU multiplies the same bf16 weights in fp32).
 TEST(CudaBackend, BatchInvariantModeMatchesEachSequenceAlone) {
   auto m = random_hd64_gqa4_model("cuda_invariant_bf16.gguf", DType::BF16);
   const int64_t V = m->config().vocab_size;
@@ -1142,6 +1144,22 @@ TEST(CudaBackend, BatchInvariantModeMatchesEachSequenceAlone) {
     toks[size_t(b)].resize(kSteps);
     for (auto& t : toks[size_t(b)]) t = int32_t(rng() % uint32_t(V));
   }
+  // The CPU's logits of each plain-cache sequence (b % 5 < 2), stepped alone: [kB][kSteps][V].
+  std::vector<std::vector<std::vector<float>>> cpu(kB);
+  for (int b = 0; b < kB; ++b) {
+    const CacheSpec& spec = specs[size_t(b) % specs.size()];
+    if (spec.quantised()) continue;
+    const auto& p = prompts[size_t(b)];
+    std::unique_ptr<KVCache> c = make_cache(m->cache_shape(int64_t(p.size()) + kSteps), spec);
+    std::vector<float> lg(static_cast<size_t>(V));
+    m->forward(p.data(), int64_t(p.size()), *c, lg.data(), false);
+    KVCache* cp = c.get();
+    for (int t = 0; t < kSteps; ++t) {
+      m->forward_batch(&toks[size_t(b)][size_t(t)], 1, &cp, lg.data());
+      cpu[size_t(b)].push_back(lg);
+    }
+  }
+  double worst_vs_cpu = 0;
   for (bool invariant : {true, false}) {
     SCOPED_TRACE(invariant ? "batch-invariant" : "default");
     cuda::EngineOptions eo;
@@ -1177,6 +1195,8 @@ TEST(CudaBackend, BatchInvariantModeMatchesEachSequenceAlone) {
         KVCache* c = alone[size_t(b)].get();
         m->forward_batch(&ids[size_t(b)], 1, &c, one.data());
         ASSERT_TRUE(std::isfinite(one[0]));
+        if (invariant && !cpu[size_t(b)].empty())
+          worst_vs_cpu = std::max(worst_vs_cpu, rel_err(one.data(), cpu[size_t(b)][size_t(t)].data(), V));
         const bool d4 = b < kFour && std::memcmp(one.data(), out4.data() + b * V, size_t(V) * 4) != 0;
         const bool d20 = std::memcmp(one.data(), out20.data() + b * V, size_t(V) * 4) != 0;
         differ_four += d4;
@@ -1192,6 +1212,9 @@ TEST(CudaBackend, BatchInvariantModeMatchesEachSequenceAlone) {
     std::printf("%s engine: rows that differ from the same sequence alone: %d of %d among 4, %d of %d among 20\n",
                 invariant ? "batch-invariant" : "default", differ_four, kFour * kSteps, differ_all, kB * kSteps);
   }
+  std::printf("batch-invariant engine against the CPU (plain caches, alone): worst %.2e\n", worst_vs_cpu);
+  EXPECT_GT(worst_vs_cpu, 0.0);  // the comparison ran
+  EXPECT_LE(worst_vs_cpu, 1e-3);
 }
 
 }  // namespace
