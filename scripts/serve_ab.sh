@@ -3,7 +3,8 @@
 # flags) alternated per round and level, since this VM drifts by tens of percent within
 # minutes; the variants' order turns each round, so none always runs first. Each variant
 # is NAME:ASSIGNMENTS (comma-separated VAR=VALUE, or "-" for none; BIN=PATH: that binary
-# instead of $BIN, e.g. a build of the previous commit; ARG=--flag=value: a serve flag).
+# instead of $BIN, e.g. a build of the previous commit; ARG=--flag=value: a serve flag;
+# THREADS=N: that --threads instead of $THREADS).
 # Each run is K concurrent streams of TOKENS tokens after a warm-up request, from
 # scripts/serve_load.mjs (which first sends an untimed request of its own, CLIENT_WARMUP
 # tokens, so that its start-up is over), or with CLIENT=py from scripts/serve_load_stdlib.py
@@ -36,12 +37,12 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 [ -x "$BIN" ] || { echo "serve_ab: $BIN not built (scripts/setup.sh)" >&2; exit 2; }
 
 run() {  # $1 = name, $2 = assignments, $3 = K
-  local log="$work/serve.log" url="" envs=() flags=() a=() bin=$BIN
+  local log="$work/serve.log" url="" envs=() flags=() a=() bin=$BIN threads=$THREADS
   [ "$2" != - ] && IFS=, read -ra a <<<"$2"
   for x in "${a[@]}"; do
-    case $x in BIN=*) bin=${x#BIN=} ;; ARG=*) flags+=("${x#ARG=}") ;; *) envs+=("$x") ;; esac
+    case $x in BIN=*) bin=${x#BIN=} ;; THREADS=*) threads=${x#THREADS=} ;; ARG=*) flags+=("${x#ARG=}") ;; *) envs+=("$x") ;; esac
   done
-  env "${envs[@]}" PTLLM_SERVE_TRACE="$work/trace.txt" "$bin" serve "$MODEL" --port 0 --threads "$THREADS" --max-sequences "$3" --max-queue 1024 \
+  env "${envs[@]}" PTLLM_SERVE_TRACE="$work/trace.txt" "$bin" serve "$MODEL" --port 0 --threads "$threads" --max-sequences "$3" --max-queue 1024 \
     --kv-budget 4GiB "${flags[@]}" 2>"$log" &
   local pid=$!
   url=$(serve_url "$log" serve_ab) || exit 1
