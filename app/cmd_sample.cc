@@ -27,6 +27,7 @@ struct SampleOpts {
   double temperature = 0.8;
   int64_t top_k = 40;
   double top_p = 0.95;
+  double presence_penalty = 0, frequency_penalty = 0;
   int64_t seed = -1;
   bool json = false, ignore_eos = false, no_bos = false;
   int threads = 0;
@@ -127,6 +128,8 @@ void run_sample(const SampleOpts& o) {
   go.max_new_tokens = o.tokens;
   go.ignore_eos = o.ignore_eos;
   go.sampler = {o.temperature, o.top_k, o.top_p, o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}()};
+  go.sampler.presence_penalty = o.presence_penalty;
+  go.sampler.frequency_penalty = o.frequency_penalty;
   validate(go.sampler);
   apply_threads(o.threads);
   const std::string path = o.model.empty() ? default_model_path() : o.model;
@@ -181,6 +184,10 @@ void add_sample_command(CLI::App& root) {
   cmd->add_option("--temperature,-t", o->temperature, "Sampling temperature; 0 = greedy (default 0.8)");
   cmd->add_option("--top-k", o->top_k, "Keep the K most likely tokens; 0 = off (default 40)");
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]; 1 = off (default 0.95)");
+  cmd->add_option("--presence-penalty", o->presence_penalty,
+                  "Subtract this from the logit of every token already generated, in [-2, 2] (OpenAI's; default 0)");
+  cmd->add_option("--frequency-penalty", o->frequency_penalty,
+                  "Subtract this times its count from each generated token's logit, in [-2, 2] (OpenAI's; default 0)");
   cmd->add_option("--seed", o->seed, "RNG seed (default: random, printed in the report)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
   cmd->add_flag("--no-bos", o->no_bos, "Do not add the BOS token to the prompt");

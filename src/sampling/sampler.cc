@@ -14,9 +14,44 @@ void validate(const SamplerConfig& c) {
     fail("--temperature {}: expected a finite number >= 0", c.temperature);
   if (c.top_k < 0) fail("--top-k {}: expected >= 0 (0 = off)", c.top_k);
   if (!(c.top_p > 0 && c.top_p <= 1)) fail("--top-p {}: expected a value in (0, 1]", c.top_p);
+  if (!(c.presence_penalty >= -2 && c.presence_penalty <= 2))
+    fail("--presence-penalty {}: expected a value in [-2, 2]", c.presence_penalty);
+  if (!(c.frequency_penalty >= -2 && c.frequency_penalty <= 2))
+    fail("--frequency-penalty {}: expected a value in [-2, 2]", c.frequency_penalty);
+  for (const auto& [id, b] : c.logit_bias) {
+    if (id < 0) fail("--logit-bias {}: expected a token id >= 0", id);
+    if (!(b >= -100 && b <= 100)) fail("--logit-bias {}: bias {} expected in [-100, 100]", id, b);
+  }
 }
 
-Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { validate(cfg); }
+Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) {
+  validate(cfg);
+  adjusts_ = cfg.presence_penalty != 0 || cfg.frequency_penalty != 0 || !cfg.logit_bias.empty();
+}
+
+std::span<const float> Sampler::adjust(std::span<const float> logits) {
+  if (!adjusts_) return logits;
+  const size_t n = logits.size();
+  adjusted_.assign(logits.begin(), logits.end());
+  for (const auto& [id, b] : cfg_.logit_bias)
+    if (size_t(id) < n) adjusted_[size_t(id)] += b;  // ids past this vocabulary: nothing to bias
+  // Only drawn ids carry a penalty: a pass over them, not the vocabulary.
+  for (const int32_t id : drawn_)
+    if (size_t(id) < n) {
+      const int32_t c = counts_[size_t(id)];
+      adjusted_[size_t(id)] -= float(cfg_.frequency_penalty * c + cfg_.presence_penalty);
+    }
+  return adjusted_;
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  const int32_t id = draw(adjust(logits));
+  if (adjusts_ && (cfg_.presence_penalty != 0 || cfg_.frequency_penalty != 0) && id >= 0) {
+    if (counts_.size() <= size_t(id)) counts_.resize(std::max(logits.size(), size_t(id) + 1), 0);
+    if (counts_[size_t(id)]++ == 0) drawn_.push_back(id);
+  }
+  return id;
+}
 
 double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
@@ -31,7 +66,7 @@ int32_t Sampler::argmax(std::span<const float> logits) {
 // takes the same weights and sorts a growing top slice (64, 256, ... tokens) until
 // its mass reaches top_p of the total, so a peaked distribution costs a partial
 // sort of a few dozen tokens and a flat one at worst a full sort.
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::draw(std::span<const float> logits) {
   if (cfg_.temperature == 0) return argmax(logits);
   const double inv_t = 1.0 / cfg_.temperature;
   const int64_t n = int64_t(logits.size());

@@ -291,7 +291,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   GenParams gp;
   std::string model;
   if (chat_endpoint) {
-    ChatRequest r = parse_chat(body, opt.cache_defaults);
+    ChatRequest r = parse_chat(body, opt.cache_defaults, lm.model->config().vocab_size);
     if (!chat) throw ApiError(400, "messages: model has no chat template (start the server with --chat-template FILE)",
                               "messages", "invalid_request_error", "no_chat_template");
     prompt = lm.tokenizer->encode(chat(r.messages), false);

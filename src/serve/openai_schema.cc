@@ -68,9 +68,30 @@ std::string string(const json& v, const std::string& name) {
   return v.get<std::string>();
 }
 
-// temperature, top_p, top_k, seed, max_tokens (under `max_key`), stop, n,
-// stream, ignore_eos, kv_cache.
-GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_key, int64_t max_default) {
+// logit_bias: {"TOKEN_ID": bias in [-100, 100], ...}, ids below `vocab`.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& v, int32_t vocab) {
+  if (!v.is_object()) bad("logit_bias", fmt::format("expected an object of token id -> bias, got {}", v.dump()));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, b] : v.items()) {
+    const std::string at = fmt::format("logit_bias.{}", key);
+    int64_t id = -1;
+    size_t used = 0;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size() || id < 0 || id >= vocab)
+      bad(at, fmt::format("expected a token id in [0, {}] as the key", vocab - 1));
+    out.emplace_back(int32_t(id), float(number(b, at, -100, 100)));
+  }
+  return out;
+}
+
+// temperature, top_p, top_k, seed, presence_penalty, frequency_penalty, logit_bias,
+// max_tokens (under `max_key`), stop, n, stream, ignore_eos, kv_cache.
+GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_key, int64_t max_default,
+                    int32_t vocab) {
   GenParams g;
   g.max_tokens = max_default;
   g.sampler.temperature = 1.0;  // OpenAI's default
@@ -86,6 +107,11 @@ GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_ke
     g.sampler.seed = uint64_t(integer(*v, "seed", INT64_MIN, INT64_MAX));
     g.seeded = true;
   }
+  if (const json* v = field(b, "presence_penalty"))
+    g.sampler.presence_penalty = number(*v, "presence_penalty", -2, 2);
+  if (const json* v = field(b, "frequency_penalty"))
+    g.sampler.frequency_penalty = number(*v, "frequency_penalty", -2, 2);
+  if (const json* v = field(b, "logit_bias")) g.sampler.logit_bias = logit_bias(*v, vocab);
   if (const json* v = field(b, "n"); v && integer(*v, "n", 1, 1) != 1) bad("n", "only n = 1 is supported");
   if (const json* v = field(b, "stream")) g.stream = boolean(*v, "stream");
   if (const json* v = field(b, "ignore_eos")) g.ignore_eos = boolean(*v, "ignore_eos");
@@ -161,11 +187,11 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
   } else {
     bad("prompt", "expected a string, an array of token ids, or an array of one string");
   }
-  r.gen = parse_gen(b, defaults, "max_tokens", 16);
+  r.gen = parse_gen(b, defaults, "max_tokens", 16, vocab);
   return r;
 }
 
-ChatRequest parse_chat(const json& b, const CacheSpec& defaults) {
+ChatRequest parse_chat(const json& b, const CacheSpec& defaults, int32_t vocab) {
   ChatRequest r;
   r.model = model_name(b);
   const json* m = field(b, "messages");
@@ -185,7 +211,7 @@ ChatRequest parse_chat(const json& b, const CacheSpec& defaults) {
   r.messages = *m;
   // max_completion_tokens is the newer name; max_tokens is still sent by older clients.
   const bool has_new = field(b, "max_completion_tokens") != nullptr;
-  r.gen = parse_gen(b, defaults, has_new ? "max_completion_tokens" : "max_tokens", 256);
+  r.gen = parse_gen(b, defaults, has_new ? "max_completion_tokens" : "max_tokens", 256, vocab);
   return r;
 }
 

@@ -28,7 +28,7 @@ nlohmann::json error_json(const ApiError& e);
 // Sampling and stopping parameters shared by both endpoints.
 struct GenParams {
   int64_t max_tokens = 16;
-  SamplerConfig sampler;      // temperature (default 1), top_p, top_k, seed
+  SamplerConfig sampler;      // temperature (default 1), top_p, top_k, seed, penalties, logit_bias
   bool seeded = false;        // "seed" given; otherwise the server picks one
   std::vector<std::string> stop;
   bool stream = false;
@@ -50,9 +50,9 @@ struct ChatRequest {
 
 // Body text -> JSON object; 400 "invalid JSON" otherwise.
 nlohmann::json parse_body(const std::string& body);
-// `vocab` bounds token-id prompts.
+// `vocab` bounds token-id prompts and logit_bias's ids.
 CompletionRequest parse_completion(const nlohmann::json& body, const CacheSpec& defaults, int32_t vocab);
-ChatRequest parse_chat(const nlohmann::json& body, const CacheSpec& defaults);
+ChatRequest parse_chat(const nlohmann::json& body, const CacheSpec& defaults, int32_t vocab);
 // The "kv_cache" extension object over the server's defaults; an unknown field
 // or a bad value is a 400 naming "kv_cache.<field>". (The one function to
 // swap for the engine's cache-spec from_json.)

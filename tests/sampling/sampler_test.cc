@@ -133,6 +133,69 @@ TEST(Sampler, RejectsBadSettings) {
   EXPECT_THROW(validate({1.0, 0, 1.5, 0}), Error);
   EXPECT_THROW(validate({1.0, -3, 1.0, 0}), Error);
   EXPECT_NO_THROW(validate({0.0, 0, 1.0, 0}));
+  SamplerConfig c;
+  c.presence_penalty = 2.01;
+  EXPECT_THROW(validate(c), Error);
+  c = {};
+  c.frequency_penalty = -2.5;
+  EXPECT_THROW(validate(c), Error);
+  c = {};
+  c.logit_bias = {{-1, 1.f}};
+  EXPECT_THROW(validate(c), Error);
+  c = {};
+  c.logit_bias = {{3, 100.5f}};
+  EXPECT_THROW(validate(c), Error);
+  c = {};
+  c.logit_bias = {{3, NAN}};
+  EXPECT_THROW(validate(c), Error);
+}
+
+// OpenAI's definition (API reference, "presence_penalty" / "frequency_penalty"):
+// logit[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty, c[j] the times j was
+// sampled. Greedy over logits {3, 2.5, 2.2, 0}: each case's order worked out by hand.
+TEST(Sampler, PresencePenaltyMovesGreedyOffADrawnToken) {
+  SamplerConfig c;
+  c.presence_penalty = 0.6;
+  Sampler s(c);
+  const std::vector<float> l = {3.f, 2.5f, 2.2f, 0.f};
+  std::vector<int32_t> got;
+  for (int i = 0; i < 5; ++i) got.push_back(s.sample(l));
+  // step 1: {3.0, 2.5, 2.2} -> 0;  step 2: {2.4, 2.5, 2.2} -> 1;  step 3: {2.4, 1.9, 2.2} -> 0;
+  // from then on the same (presence does not grow with the count) -> 0.
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 0, 0, 0}));
+}
+
+TEST(Sampler, FrequencyPenaltyGrowsWithTheCount) {
+  SamplerConfig c;
+  c.frequency_penalty = 0.3;  // token 0 after n draws: 3 - 0.3 n; token 1: 2.5 - 0.3 m
+  Sampler s(c);
+  const std::vector<float> l = {3.f, 2.5f, 2.2f, 0.f};
+  std::vector<int32_t> got;
+  for (int i = 0; i < 6; ++i) got.push_back(s.sample(l));
+  //   step 1: {3.0, 2.5, 2.2} -> 0;  step 2: {2.7, 2.5, 2.2} -> 0;  step 3: {2.4, 2.5, 2.2} -> 1
+  //   step 4: {2.4, 2.2, 2.2} -> 0;  step 5: {2.1, 2.2, 2.2} -> 1 (first of the tie)
+  //   step 6: {2.1, 1.9, 2.2} -> 2
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 0, 1, 0, 1, 2}));
+}
+
+TEST(Sampler, LogitBiasBansAndFavours) {
+  const std::vector<float> l = {3.f, 2.5f, 2.2f, 0.f};
+  SamplerConfig c;
+  c.logit_bias = {{0, -100.f}};
+  EXPECT_EQ(Sampler(c).sample(l), 1);
+  c.logit_bias = {{3, 3.5f}};  // 0 + 3.5 > 3
+  EXPECT_EQ(Sampler(c).sample(l), 3);
+  c.logit_bias = {{3, 1.5f}, {3, 1.6f}};  // a repeated id adds up: 3.1 > 3
+  EXPECT_EQ(Sampler(c).sample(l), 3);
+  c.logit_bias = {{99, 50.f}};  // past this vocabulary: nothing to bias
+  EXPECT_EQ(Sampler(c).sample(l), 0);
+  // A banned token is never drawn at temperature 1 either (e^-100 of the mass), and the
+  // caller's logits are not changed.
+  c.temperature = 1.0;
+  c.logit_bias = {{0, -100.f}, {1, -100.f}, {2, -100.f}};
+  Sampler t(c);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(t.sample(l), 3);
+  EXPECT_EQ(l, (std::vector<float>{3.f, 2.5f, 2.2f, 0.f}));
 }
 
 }  // namespace

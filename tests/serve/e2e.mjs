@@ -152,6 +152,19 @@ const groups = {
                                                   stop: ['Lily'] });
       assert.equal(s.choices[0].text, ', there was a little girl named ');
       assert.equal(s.choices[0].finish_reason, 'stop');
+      // OpenAI's logit_bias and frequency_penalty change what greedy picks (an ignored field
+      // would leave the text as it was): the greedy text goes on with ",", so banning the ","
+      // token (its id from /tokenize) must start it otherwise.
+      assert.ok(c.choices[0].text.startsWith(','), c.choices[0].text);
+      const tk = await post(`${srv.url}/tokenize`, { content: PROMPT + ',', add_special: false },
+                            { Authorization: 'Bearer sekret' });
+      const comma = tk.json.tokens.at(-1);
+      const nb = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 8, temperature: 0,
+                                                   logit_bias: { [comma]: -100 } });
+      assert.ok(!nb.choices[0].text.startsWith(','), `banned ",": ${nb.choices[0].text}`);
+      const fp = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 110, temperature: 0,
+                                                   ignore_eos: true, frequency_penalty: 2 });
+      assert.notEqual(fp.choices[0].text, c.choices[0].text, 'frequency_penalty changed nothing');
       // A bounded int4 cache through the extension field, longer than its window.
       const b = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 80, temperature: 0,
                                                   ignore_eos: true, kv_cache: { quantize: 'int4', sink: 4, window: 28 } });

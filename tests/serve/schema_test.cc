@@ -53,6 +53,16 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]})", "stop"},
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
+      {R"({"prompt": "a", "presence_penalty": 2.5})", "presence_penalty"},
+      {R"({"prompt": "a", "presence_penalty": "x"})", "presence_penalty"},
+      {R"({"prompt": "a", "frequency_penalty": -3})", "frequency_penalty"},
+      {R"({"prompt": "a", "logit_bias": [1]})", "logit_bias"},
+      {R"({"prompt": "a", "logit_bias": {"x": 1}})", "logit_bias.x"},
+      {R"({"prompt": "a", "logit_bias": {"12a": 1}})", "logit_bias.12a"},
+      {R"({"prompt": "a", "logit_bias": {"512": 1}})", "logit_bias.512"},
+      {R"({"prompt": "a", "logit_bias": {"-1": 1}})", "logit_bias.-1"},
+      {R"({"prompt": "a", "logit_bias": {"7": 101}})", "logit_bias.7"},
+      {R"({"prompt": "a", "logit_bias": {"7": "ban"}})", "logit_bias.7"},
       {R"({"prompt": "a", "kv_cache": "int4"})", "kv_cache"},
       {R"({"prompt": "a", "kv_cache": {"foo": 1}})", "kv_cache.foo"},
       {R"({"prompt": "a", "kv_cache": {"quantize": "int5"}})", "kv_cache.quantize"},
@@ -105,6 +115,11 @@ TEST(ServeSchema, GoodCompletionRequest) {
   EXPECT_EQ(r.gen.cache.storage, KVStorage::Int4);
   EXPECT_EQ(r.gen.cache.sink, 4);
   EXPECT_EQ(r.gen.cache.window, 252);
+  const auto pen = parse_completion(parse_body(R"({"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1.25,
+      "logit_bias": {"13": -100, "511": 2.5}})"), defaults, 512);
+  EXPECT_EQ(pen.gen.sampler.presence_penalty, 0.5);
+  EXPECT_EQ(pen.gen.sampler.frequency_penalty, -1.25);
+  EXPECT_EQ(pen.gen.sampler.logit_bias, (std::vector<std::pair<int32_t, float>>{{13, -100.f}, {511, 2.5f}}));
   // Without kv_cache the server's defaults apply.
   const auto d = parse_completion(parse_body(R"({"prompt": [1, 2, 511]})"), defaults, 512);
   EXPECT_EQ(std::get<std::vector<int32_t>>(d.prompt), (std::vector<int32_t>{1, 2, 511}));
@@ -112,6 +127,9 @@ TEST(ServeSchema, GoodCompletionRequest) {
   EXPECT_EQ(d.gen.max_tokens, 16);
   EXPECT_EQ(d.gen.sampler.temperature, 1.0);
   EXPECT_FALSE(d.gen.seeded);
+  EXPECT_EQ(d.gen.sampler.presence_penalty, 0.0);
+  EXPECT_EQ(d.gen.sampler.frequency_penalty, 0.0);
+  EXPECT_TRUE(d.gen.sampler.logit_bias.empty());
 }
 
 TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
@@ -137,7 +155,7 @@ TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
 TEST(ServeSchema, ChatRequest) {
   const auto r = parse_chat(parse_body(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
                                           "max_tokens": 3})"),
-                            CacheSpec{});
+                            CacheSpec{}, 100);
   EXPECT_EQ(r.gen.max_tokens, 9);  // the newer name wins
   EXPECT_EQ(r.messages.size(), 1u);
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -152,7 +170,7 @@ TEST(ServeSchema, ChatRequest) {
   };
   for (const auto& [body, param] : cases) {
     try {
-      parse_chat(parse_body(body), CacheSpec{});
+      parse_chat(parse_body(body), CacheSpec{}, 100);
       ADD_FAILURE() << "accepted: " << body;
     } catch (const ApiError& e) {
       EXPECT_EQ(e.status, 400);
