@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kv/cache_spec.h"
+#include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 
 namespace ptllm::serve {
@@ -55,6 +56,9 @@ class Backend {
   // One decode step: for every sequence, runs its last sampled token (if any)
   // through the model, then samples the next one into out[i]. seqs are prefilled.
   virtual void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) = 0;
+  // OpenAI's logprobs of the token the last decode() chose for seq (id = that token): from
+  // the logits it was drawn from, raw (step_logprobs), with the `top` most likely.
+  virtual StepLogprobs logprobs(const Sequence& seq, int32_t id, int top) const = 0;
   // The sequence's cache cannot take another token (unbounded cache at the context).
   virtual bool full(const Sequence& seq) const = 0;
   // Keep finished sequences' caches for later ones with the same settings, so

@@ -279,6 +279,11 @@ class EngineBackend : public Backend {
     }
   }
 
+  StepLogprobs logprobs(const Sequence& seq, int32_t id, int top) const override {
+    const auto& s = static_cast<const EngineSequence&>(seq);
+    return step_logprobs(s.logits, id, std::min<int>(top, int(s.logits.size())));
+  }
+
   void decode(std::span<Sequence* const> seqs, std::span<int32_t> out) override {
     // Sequences with a token sampled but not yet run go through one batched forward.
     clear_rows();

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <random>
 #include <string>
@@ -33,6 +34,26 @@ void send_json(httplib::Response& res, int status, const json& j) {
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
 
+// One generated token's logprobs as the HTTP side writes them (OpenAI's two shapes are
+// made from it): its text inside the generated text, its bytes, its offset in the text.
+struct TokenEntry {
+  struct Alt {
+    std::string text;
+    std::vector<int> bytes;
+    double logprob;
+  };
+  Alt chosen;
+  std::vector<Alt> top;
+  size_t offset = 0;
+};
+
+// Released text and the logprobs of the tokens it completes (logprobs on: a token whose text
+// is held back gets its entry sent with the piece that releases it).
+struct Piece {
+  std::string text;
+  std::vector<TokenEntry> tokens;
+};
+
 // What the scheduler thread hands to the HTTP thread answering one request.
 struct Output {
   std::mutex mu;
@@ -40,7 +61,7 @@ struct Output {
   // Released text not yet sent: one piece per token (a stream sends each as
   // its own event, so a client sees one event per token as from llama-server
   // or OpenAI, however far the writer is behind) plus the held-back rest.
-  std::vector<std::string> pending;
+  std::vector<Piece> pending;
   bool done = false;
   FinishReason reason = FinishReason::Stop;
   std::string error;
@@ -52,9 +73,62 @@ struct Generation {
   std::shared_ptr<Job> job;
   std::shared_ptr<Output> out;
   bool chat = false;
+  bool logprobs = false;
   std::string id, model;
   int64_t created = 0, prompt_tokens = 0;
 };
+
+// OpenAI's logprobs objects. Completions: {"tokens", "token_logprobs", "top_logprobs" (a
+// {text: logprob} object per token), "text_offset"}; chat: {"content": [{"token", "logprob",
+// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}.
+json logprobs_json(const std::vector<TokenEntry>& tokens, bool chat) {
+  if (chat) {
+    json content = json::array();
+    for (const TokenEntry& t : tokens) {
+      json top = json::array();
+      for (const auto& a : t.top) top.push_back({{"token", a.text}, {"logprob", a.logprob}, {"bytes", a.bytes}});
+      content.push_back({{"token", t.chosen.text},
+                         {"logprob", t.chosen.logprob},
+                         {"bytes", t.chosen.bytes},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenEntry& t : tokens) {
+    texts.push_back(t.chosen.text);
+    lps.push_back(t.chosen.logprob);
+    json top = json::object();
+    for (const auto& a : t.top) top[a.text] = a.logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(t.offset);
+  }
+  return {{"tokens", std::move(texts)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// A token's own text as it reads inside generated text, leading space kept: decoders strip
+// the first token's space (SentencePiece's Strip), so the token is decoded after `anchor`
+// (a plain token, or -1) and the anchor's text taken off. Its bytes: a byte piece ("<0xE2>")
+// its one byte, else the UTF-8 of its text (a lone byte decodes to U+FFFD, as OpenAI's does).
+TokenEntry::Alt token_alt(const Tokenizer& tok, int32_t anchor, int32_t id, double logprob) {
+  TokenEntry::Alt alt{{}, {}, logprob};
+  alt.text = tok.decode(std::span<const int32_t>(&id, 1), false);
+  if (anchor >= 0) {
+    const int32_t pair[2] = {anchor, id};
+    const std::string head = tok.decode(std::span<const int32_t>(pair, 1), false);
+    const std::string both = tok.decode(pair, false);
+    if (both.compare(0, head.size(), head) == 0) alt.text = both.substr(head.size());
+  }
+  const std::string piece = tok.id_to_piece(id);
+  unsigned byte = 0;
+  if (piece.size() == 6 && piece.compare(0, 3, "<0x") == 0 && piece[5] == '>' &&
+      std::sscanf(piece.c_str() + 3, "%2x", &byte) == 1)
+    alt.bytes = {int(byte)};
+  else
+    for (const unsigned char c : alt.text) alt.bytes.push_back(int(c));
+  return alt;
+}
 
 }  // namespace
 
@@ -69,6 +143,8 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::atomic<bool> draining{false};
   std::atomic<uint64_t> next_id{1};
+  std::once_flag anchor_once;
+  int32_t anchor = -1;  // token_alt()'s: the token of "a", -1 if none
 
   Impl(ServerOptions o, const LoadedModel& lm, Backend& b, Scheduler& s, Metrics& m, ChatRenderer c, HttpServer& h)
       : opt(std::move(o)), lm(lm), backend(b), sched(s), metrics(m), chat(std::move(c)), owner(h) {}
@@ -78,8 +154,8 @@ struct HttpServer::Impl {
   std::vector<int32_t> completion_prompt(const CompletionRequest& r);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat_endpoint);
   Generation submit(std::vector<int32_t> prompt, const GenParams& g, bool chat_endpoint, const std::string& model);
-  json final_body(const Generation& g, const std::string& text) const;
-  json chunk(const Generation& g, const std::string& text, bool first, const FinishReason* fin) const;
+  json final_body(const Generation& g, const std::string& text, const std::vector<TokenEntry>& tokens) const;
+  json chunk(const Generation& g, const Piece& piece, bool first, const FinishReason* fin) const;
   void stream(httplib::Response& res, Generation g);
 };
 
@@ -114,6 +190,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
   g.model = model.empty() ? opt.model_name : model;
   g.created = unix_now();
   g.prompt_tokens = int64_t(prompt.size());
+  g.logprobs = gp.logprobs >= 0;
   g.out = std::make_shared<Output>();
   g.job = std::make_shared<Job>();
   Job& job = *g.job;
@@ -129,16 +206,37 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
   struct TextState {
     StreamDecoder dec;
     StopText stop;
+    std::vector<TokenEntry> waiting;  // logprobs of tokens whose text is not yet released
+    size_t offset = 0;                // text_offset of the next token
   };
   auto ts = std::make_shared<TextState>(
-      TextState{StreamDecoder(*lm.tokenizer, true, ByteRuns::Eager), StopText(gp.stop)});
+      TextState{StreamDecoder(*lm.tokenizer, true, ByteRuns::Eager), StopText(gp.stop), {}, 0});
   auto out = g.out;
+  job.logprobs = gp.logprobs;
+  if (gp.logprobs >= 0) {
+    std::call_once(anchor_once, [&] {
+      const std::vector<int32_t> a = lm.tokenizer->encode("a", false);
+      if (!a.empty()) anchor = a.back();
+    });
+    // A copy of the tokenizer (it shares its tables) for the scheduler thread.
+    job.on_logprobs = [tok = *lm.tokenizer, anchor = anchor, ts](const StepLogprobs& lp) {
+      TokenEntry e;
+      e.chosen = token_alt(tok, anchor, lp.chosen.id, lp.chosen.logprob);
+      for (const TokenLogprob& t : lp.top) e.top.push_back(token_alt(tok, anchor, t.id, t.logprob));
+      e.offset = ts->offset;
+      ts->offset += e.chosen.text.size();
+      ts->waiting.push_back(std::move(e));
+    };
+  }
   job.on_token = [ts, out](int32_t id) {
-    const std::string piece = ts->stop.push(ts->dec.push(id));
+    std::string text = ts->stop.push(ts->dec.push(id));
     {
       std::lock_guard lk(out->mu);
       ++out->completion_tokens;
-      if (!piece.empty()) out->pending.push_back(piece);
+      if (!text.empty()) {
+        out->pending.push_back({std::move(text), std::move(ts->waiting)});
+        ts->waiting.clear();
+      }
     }
     // Notified with the lock released: the writer runs at a higher priority than this
     // thread (--compute-nice) and would otherwise wake only to wait for the lock.
@@ -150,7 +248,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     rest += ts->stop.flush();
     {
       std::lock_guard lk(out->mu);
-      if (!rest.empty()) out->pending.push_back(std::move(rest));
+      if (!rest.empty() || !ts->waiting.empty()) out->pending.push_back({std::move(rest), std::move(ts->waiting)});
       out->done = true;
       out->reason = r;
       out->error = error;
@@ -174,9 +272,12 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
   return g;
 }
 
-json HttpServer::Impl::final_body(const Generation& g, const std::string& text) const {
+json HttpServer::Impl::final_body(const Generation& g, const std::string& text,
+                                  const std::vector<TokenEntry>& tokens) const {
   const Output& o = *g.out;
-  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(o.reason)}, {"logprobs", nullptr}};
+  json choice = {{"index", 0},
+                 {"finish_reason", finish_reason_name(o.reason)},
+                 {"logprobs", g.logprobs ? logprobs_json(tokens, g.chat) : json(nullptr)}};
   if (g.chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
@@ -193,16 +294,18 @@ json HttpServer::Impl::final_body(const Generation& g, const std::string& text) 
 }
 
 // One SSE event's JSON. `fin` set: the last chunk, with finish_reason and usage.
-json HttpServer::Impl::chunk(const Generation& g, const std::string& text, bool first, const FinishReason* fin) const {
+json HttpServer::Impl::chunk(const Generation& g, const Piece& piece, bool first, const FinishReason* fin) const {
+  const std::string& text = piece.text;
   json choice = {{"index", 0}, {"finish_reason", fin ? json(finish_reason_name(*fin)) : json(nullptr)}};
   if (g.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || !fin) delta["content"] = text;
     choice["delta"] = delta;
+    if (g.logprobs) choice["logprobs"] = logprobs_json(piece.tokens, true);
   } else {
     choice["text"] = text;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = g.logprobs ? logprobs_json(piece.tokens, false) : json(nullptr);
   }
   json j = {{"id", g.id},
             {"object", g.chat ? "chat.completion.chunk" : "text_completion"},
@@ -230,7 +333,7 @@ void HttpServer::Impl::stream(httplib::Response& res, Generation g) {
           const std::string s = "data: " + j.dump() + "\n\n";
           return sink.write(s.data(), s.size());
         };
-        std::vector<std::string> pieces;
+        std::vector<Piece> pieces;
         bool done = false;
         {
           std::unique_lock lk(g.out->mu);
@@ -248,7 +351,7 @@ void HttpServer::Impl::stream(httplib::Response& res, Generation g) {
           // Every piece its own event, all of them in one write.
           std::string batch;
           if (pieces.empty()) pieces.emplace_back();  // chat: the role before any text
-          for (const std::string& p : pieces) {
+          for (const Piece& p : pieces) {
             batch += "data: ";
             batch += chunk(g, p, *first, nullptr).dump();
             batch += "\n\n";
@@ -266,7 +369,7 @@ void HttpServer::Impl::stream(httplib::Response& res, Generation g) {
           event(error_json(ApiError(500, "generation failed: " + g.out->error, "", "server_error", "engine_error")));
         } else {
           const FinishReason fin = g.out->reason;
-          if (!event(chunk(g, "", *first, &fin))) return cancel();
+          if (!event(chunk(g, Piece{}, *first, &fin))) return cancel();
         }
         static const char kDone[] = "data: [DONE]\n\n";
         sink.write(kDone, sizeof kDone - 1);
@@ -310,12 +413,16 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   std::unique_lock lk(g.out->mu);
   g.out->cv.wait(lk, [&] { return g.out->done; });
   std::string text;
-  for (const std::string& p : g.out->pending) text += p;
+  std::vector<TokenEntry> tokens;
+  for (Piece& p : g.out->pending) {
+    text += p.text;
+    for (TokenEntry& t : p.tokens) tokens.push_back(std::move(t));
+  }
   lk.unlock();
   --owner.in_flight_;
   if (g.out->reason == FinishReason::Error)
     throw ApiError(500, "generation failed: " + g.out->error, "", "server_error", "engine_error");
-  send_json(res, 200, final_body(g, text));
+  send_json(res, 200, final_body(g, text, tokens));
 }
 
 namespace {

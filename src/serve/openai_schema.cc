@@ -188,6 +188,9 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
     bad("prompt", "expected a string, an array of token ids, or an array of one string");
   }
   r.gen = parse_gen(b, defaults, "max_tokens", 16, vocab);
+  // The legacy endpoint's "logprobs" is the count of most likely tokens to list (OpenAI: up
+  // to 5; 20 here, as vLLM and the chat endpoint allow).
+  if (const json* v = field(b, "logprobs")) r.gen.logprobs = int(integer(*v, "logprobs", 0, kMaxTopLogprobs));
   return r;
 }
 
@@ -212,6 +215,15 @@ ChatRequest parse_chat(const json& b, const CacheSpec& defaults, int32_t vocab) 
   // max_completion_tokens is the newer name; max_tokens is still sent by older clients.
   const bool has_new = field(b, "max_completion_tokens") != nullptr;
   r.gen = parse_gen(b, defaults, has_new ? "max_completion_tokens" : "max_tokens", 256, vocab);
+  const json* lp = field(b, "logprobs");
+  const bool want = lp && boolean(*lp, "logprobs");
+  if (const json* v = field(b, "top_logprobs")) {
+    const int top = int(integer(*v, "top_logprobs", 0, kMaxTopLogprobs));
+    if (!want) bad("top_logprobs", "requires \"logprobs\": true");
+    r.gen.logprobs = top;
+  } else if (want) {
+    r.gen.logprobs = 0;
+  }
   return r;
 }
 

@@ -25,6 +25,9 @@ struct ApiError : std::runtime_error {
 };
 nlohmann::json error_json(const ApiError& e);
 
+// The most tokens a request may ask to see beside each generated one (OpenAI's chat limit).
+constexpr int kMaxTopLogprobs = 20;
+
 // Sampling and stopping parameters shared by both endpoints.
 struct GenParams {
   int64_t max_tokens = 16;
@@ -33,6 +36,9 @@ struct GenParams {
   std::vector<std::string> stop;
   bool stream = false;
   bool ignore_eos = false;    // llama-server's extension
+  // OpenAI's logprobs: -1 off, else how many most likely tokens to list beside each
+  // generated one (completions: "logprobs": N; chat: "logprobs": true, "top_logprobs": N).
+  int logprobs = -1;
   CacheSpec cache;         // "kv_cache" over the server's defaults
 };
 

@@ -232,7 +232,17 @@ void Scheduler::decode() {
       continue;
     }
     emit(e, ids[i]);
-    if (backend_.is_eos(ids[i]) && !e.job->ignore_eos)
+    const bool eos = backend_.is_eos(ids[i]) && !e.job->ignore_eos;
+    if (!eos && e.job->logprobs >= 0 && e.job->on_logprobs) {
+      try {
+        e.job->on_logprobs(backend_.logprobs(*e.seq, ids[i], e.job->logprobs));
+      } catch (const std::exception& ex) {
+        e.error = ex.what();
+        done.emplace_back(&e, FinishReason::Error);
+        continue;
+      }
+    }
+    if (eos)
       done.emplace_back(&e, FinishReason::Stop);
     else if (e.job->on_token && !e.job->on_token(ids[i]))
       done.emplace_back(&e, FinishReason::Stop);
@@ -251,7 +261,8 @@ void Scheduler::decode() {
           break;
         }
   }
-  for (size_t i = 0; i < done.size(); ++i) finish(*finished[i], done[i].second, error);
+  for (size_t i = 0; i < done.size(); ++i)
+    finish(*finished[i], done[i].second, error.empty() ? finished[i]->error : error);
 }
 
 void Scheduler::publish_gauges() {

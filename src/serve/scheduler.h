@@ -36,6 +36,10 @@ struct Job {
   SamplerConfig sampler;
   int64_t max_tokens = 16;
   bool ignore_eos = false;
+  // OpenAI's logprobs: -1 off, else how many most likely tokens to list beside each chosen
+  // one; on_logprobs then gets each generated token's, just before its on_token.
+  int logprobs = -1;
+  std::function<void(const StepLogprobs&)> on_logprobs;
   // Each generated token (EOS excluded); return false to stop (a stop string matched).
   std::function<bool(int32_t id)> on_token;
   // Exactly once per accepted job, after its last on_token.

@@ -61,6 +61,14 @@ class FakeBackend : public Backend {
       ++s.generated;
     }
   }
+  // Token t's logprob is -t / 1000 (so a test can tell which token's it is), the top list
+  // t + 1, t + 2, ...
+  StepLogprobs logprobs(const Sequence&, int32_t id, int top) const override {
+    StepLogprobs lp;
+    lp.chosen = {id, -double(id) / 1000};
+    for (int i = 0; i < top; ++i) lp.top.push_back({id + 1 + i, -double(id + 1 + i) / 1000});
+    return lp;
+  }
   bool full(const Sequence&) const override { return false; }
   int live = 0;  // not counting destruction: see Tracked
   std::vector<int32_t> started;
@@ -241,6 +249,38 @@ TEST(ServeScheduler, StopConditions) {
   EXPECT_EQ(ign.reason, FinishReason::Length);
   EXPECT_EQ(stop.tokens, (std::vector<int32_t>{40, 41, 42}));
   EXPECT_EQ(stop.reason, FinishReason::Stop);
+}
+
+// A job asking for logprobs gets each handed-on token's just before the token (EOS, not
+// handed on, gets none); a job that does not ask gets no call.
+TEST(ServeScheduler, LogprobsPrecedeEachToken) {
+  FakeBackend b;
+  Scheduler s(b, config(1 << 20));
+  Record with, without;
+  std::vector<std::pair<int32_t, size_t>> seen;  // (chosen id, top count) in order
+  std::vector<int32_t> order;                     // logprob ids as +id, tokens as -id
+  auto j = make_job({7, 2}, with, 10);            // 7, 8, then EOS
+  j->logprobs = 2;
+  j->on_logprobs = [&](const StepLogprobs& lp) {
+    seen.emplace_back(lp.chosen.id, lp.top.size());
+    order.push_back(lp.chosen.id);
+  };
+  j->on_token = [&](int32_t id) {
+    with.tokens.push_back(id);
+    order.push_back(-id);
+    return true;
+  };
+  s.submit(j);
+  auto k = make_job({20}, without, 3);
+  int calls = 0;
+  k->on_logprobs = [&](const StepLogprobs&) { ++calls; };  // logprobs stays -1
+  s.submit(k);
+  run_until_idle(s);
+  EXPECT_EQ(seen, (std::vector<std::pair<int32_t, size_t>>{{7, 2}, {8, 2}}));
+  EXPECT_EQ(order, (std::vector<int32_t>{7, -7, 8, -8}));
+  EXPECT_EQ(with.reason, FinishReason::Stop);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(without.tokens, (std::vector<int32_t>{20, 21, 22}));
 }
 
 TEST(ServeScheduler, ChunkedPrefillKeepsRunningStreamsDecoding) {

@@ -54,6 +54,9 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
       {R"({"prompt": "a", "presence_penalty": 2.5})", "presence_penalty"},
+      {R"({"prompt": "a", "logprobs": true})", "logprobs"},
+      {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
+      {R"({"prompt": "a", "logprobs": -1})", "logprobs"},
       {R"({"prompt": "a", "presence_penalty": "x"})", "presence_penalty"},
       {R"({"prompt": "a", "frequency_penalty": -3})", "frequency_penalty"},
       {R"({"prompt": "a", "logit_bias": [1]})", "logit_bias"},
@@ -130,6 +133,9 @@ TEST(ServeSchema, GoodCompletionRequest) {
   EXPECT_EQ(d.gen.sampler.presence_penalty, 0.0);
   EXPECT_EQ(d.gen.sampler.frequency_penalty, 0.0);
   EXPECT_TRUE(d.gen.sampler.logit_bias.empty());
+  EXPECT_EQ(d.gen.logprobs, -1);
+  EXPECT_EQ(parse_completion(parse_body(R"({"prompt": "hi", "logprobs": 3})"), defaults, 512).gen.logprobs, 3);
+  EXPECT_EQ(parse_completion(parse_body(R"({"prompt": "hi", "logprobs": 0})"), defaults, 512).gen.logprobs, 0);
 }
 
 TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
@@ -157,6 +163,14 @@ TEST(ServeSchema, ChatRequest) {
                                           "max_tokens": 3})"),
                             CacheSpec{}, 100);
   EXPECT_EQ(r.gen.max_tokens, 9);  // the newer name wins
+  EXPECT_EQ(r.gen.logprobs, -1);
+  const auto chat_lp = [](const char* extra) {
+    return parse_chat(parse_body(std::string(R"({"messages": [{"role": "user", "content": "hi"}])") + extra + "}"),
+                      CacheSpec{}, 100).gen.logprobs;
+  };
+  EXPECT_EQ(chat_lp(R"(, "logprobs": true)"), 0);
+  EXPECT_EQ(chat_lp(R"(, "logprobs": true, "top_logprobs": 20)"), 20);
+  EXPECT_EQ(chat_lp(R"(, "logprobs": false)"), -1);
   EXPECT_EQ(r.messages.size(), 1u);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({})", "messages"},
@@ -167,6 +181,10 @@ TEST(ServeSchema, ChatRequest) {
       {R"({"messages": [{"role": "user", "content": "x"}, {"role": 3, "content": "x"}]})", "messages[1].role"},
       {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -2})", "max_completion_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 3})", "logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": false, "top_logprobs": 3})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
   };
   for (const auto& [body, param] : cases) {
     try {
