@@ -59,6 +59,11 @@ class Backend {
   // OpenAI's logprobs of the token the last decode() chose for seq (id = that token): from
   // the logits it was drawn from, raw (step_logprobs), with the `top` most likely.
   virtual StepLogprobs logprobs(const Sequence& seq, int32_t id, int top) const = 0;
+  // From now on (before its first prefill), feeding seq's prompt records each prompt
+  // token's logprobs after the first (token i from the logits after token i - 1), with the
+  // `top` most likely; take_prompt_logprobs() hands them over once the prompt is fed.
+  virtual void record_prompt_logprobs(Sequence& seq, int top) = 0;
+  virtual std::vector<StepLogprobs> take_prompt_logprobs(Sequence& seq) = 0;
   // The sequence's cache cannot take another token (unbounded cache at the context).
   virtual bool full(const Sequence& seq) const = 0;
   // Keep finished sequences' caches for later ones with the same settings, so

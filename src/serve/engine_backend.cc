@@ -135,6 +135,10 @@ class EngineSequence : public Sequence {
   Sampler sampler;
   std::vector<float> logits;  // [vocab] of the last token run
   int32_t pending = -1;       // sampled, not yet run through the model
+  // record_prompt_logprobs: -1 off, else the top count; prompt token i's (i >= 1) in
+  // prompt_lp[i - 1] as the prompt is fed.
+  int prompt_top = -1;
+  std::vector<StepLogprobs> prompt_lp;
   // Where the cache goes when the sequence ends (null: freed).
   std::shared_ptr<CachePool> pool;
   std::string pool_key;
@@ -210,13 +214,37 @@ class EngineBackend : public Backend {
   }
   size_t kept_bytes() const override { return pool_->idle_bytes(); }
 
+  void record_prompt_logprobs(Sequence& seq, int top) override {
+    auto& s = static_cast<EngineSequence&>(seq);
+    if (s.fed != 0) fail("prompt logprobs: asked for after the prompt's first chunk");
+    s.prompt_top = std::min<int>(top, int(s.logits.size()));
+  }
+  std::vector<StepLogprobs> take_prompt_logprobs(Sequence& seq) override {
+    return std::move(static_cast<EngineSequence&>(seq).prompt_lp);
+  }
+
   void prefill(Sequence& base, int64_t max_tokens) override {
     auto& s = static_cast<EngineSequence&>(base);
     int64_t left = std::min<int64_t>(max_tokens, s.prompt_remaining());
+    const size_t vocab = s.logits.size();
     // A bounded cache may take fewer tokens per forward than the chunk.
     while (left > 0) {
       const int64_t n = std::min<int64_t>(left, std::max<int64_t>(s.cache->room(), 1));
-      lm_.model->forward(s.prompt.data() + s.fed, n, *s.cache, s.logits.data(), false);
+      if (s.prompt_top < 0) {
+        lm_.model->forward(s.prompt.data() + s.fed, n, *s.cache, s.logits.data(), false);
+      } else {
+        // Every position's logits [n, vocab]: position j's score prompt token fed + j + 1.
+        all_logits_.resize(size_t(n) * vocab);
+        lm_.model->forward(s.prompt.data() + s.fed, n, *s.cache, all_logits_.data(), true);
+        for (int64_t j = 0; j < n; ++j) {
+          const size_t next = s.fed + size_t(j) + 1;
+          if (next >= s.prompt.size()) break;
+          const std::span<const float> row(all_logits_.data() + size_t(j) * vocab, vocab);
+          require_finite_logits(row.data(), int64_t(vocab), int64_t(s.fed) + j);
+          s.prompt_lp.push_back(step_logprobs(row, s.prompt[next], s.prompt_top));
+        }
+        std::copy_n(all_logits_.data() + size_t(n - 1) * vocab, vocab, s.logits.data());
+      }
       s.fed += size_t(n);
       left -= n;
     }
@@ -257,7 +285,8 @@ class EngineBackend : public Backend {
     for (size_t i = 0; i < seqs.size(); ++i) {
       auto& s = static_cast<EngineSequence&>(*seqs[i]);
       const int64_t len = int64_t(s.prompt.size());
-      if (s.fed == 0 && len >= 1 && len <= std::min(short_prompt_limit(), max_tokens) && len <= s.cache->room()) {
+      if (s.fed == 0 && s.prompt_top < 0 && len >= 1 && len <= std::min(short_prompt_limit(), max_tokens) &&
+          len <= s.cache->room()) {
         together.push_back(&s);
         together_at.push_back(i);
         continue;
@@ -412,6 +441,7 @@ class EngineBackend : public Backend {
   std::vector<int64_t> counts_;      // run_prompts: each sequence's tokens
   std::vector<int64_t> batch_row_;   // [seqs]: the sequence's row in batch_logits_, -1 if it did not run
   std::vector<float> batch_logits_;  // [B, vocab]
+  std::vector<float> all_logits_;    // [chunk, vocab]: a prompt chunk's every position (prompt logprobs)
 };
 
 }  // namespace

@@ -45,6 +45,7 @@ struct TokenEntry {
   Alt chosen;
   std::vector<Alt> top;
   size_t offset = 0;
+  bool scored = true;  // false: an echoed prompt's first token (nothing before it to score it)
 };
 
 // Released text and the logprobs of the tokens it completes (logprobs on: a token whose text
@@ -97,10 +98,10 @@ json logprobs_json(const std::vector<TokenEntry>& tokens, bool chat) {
   json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   for (const TokenEntry& t : tokens) {
     texts.push_back(t.chosen.text);
-    lps.push_back(t.chosen.logprob);
+    lps.push_back(t.scored ? json(t.chosen.logprob) : json(nullptr));
     json top = json::object();
     for (const auto& a : t.top) top[a.text] = a.logprob;
-    tops.push_back(std::move(top));
+    tops.push_back(t.scored ? std::move(top) : json(nullptr));
     offsets.push_back(t.offset);
   }
   return {{"tokens", std::move(texts)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)},
@@ -153,7 +154,9 @@ struct HttpServer::Impl {
   bool authorised(const httplib::Request& req, httplib::Response& res);
   std::vector<int32_t> completion_prompt(const CompletionRequest& r);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat_endpoint);
-  Generation submit(std::vector<int32_t> prompt, const GenParams& g, bool chat_endpoint, const std::string& model);
+  // echo_text: what "echo" puts before the completion (the prompt as sent).
+  Generation submit(std::vector<int32_t> prompt, const GenParams& g, bool chat_endpoint, const std::string& model,
+                    const std::string& echo_text = {});
   json final_body(const Generation& g, const std::string& text, const std::vector<TokenEntry>& tokens) const;
   json chunk(const Generation& g, const Piece& piece, bool first, const FinishReason* fin) const;
   void stream(httplib::Response& res, Generation g);
@@ -178,7 +181,7 @@ std::vector<int32_t> HttpServer::Impl::completion_prompt(const CompletionRequest
 }
 
 Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams& gp, bool chat_endpoint,
-                                    const std::string& model) {
+                                    const std::string& model, const std::string& echo_text) {
   const int64_t ctx = backend.context_length();
   if (!gp.cache.streaming() && int64_t(prompt.size()) > ctx)
     throw ApiError(400, fmt::format("prompt: {} tokens, longer than the model's context of {} tokens (a bounded "
@@ -207,10 +210,13 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     StreamDecoder dec;
     StopText stop;
     std::vector<TokenEntry> waiting;  // logprobs of tokens whose text is not yet released
-    size_t offset = 0;                // text_offset of the next token
+    size_t offset = 0;                // text_offset of the next token: the text decoded before it
   };
   auto ts = std::make_shared<TextState>(
-      TextState{StreamDecoder(*lm.tokenizer, true, ByteRuns::Eager), StopText(gp.stop), {}, 0});
+      TextState{StreamDecoder(*lm.tokenizer, true, ByteRuns::Eager), StopText(gp.stop), {},
+                gp.echo ? echo_text.size() : 0});
+  // echo without logprobs: the prompt's text is the first piece, before anything runs.
+  if (gp.echo && gp.logprobs < 0) g.out->pending.push_back(Piece{echo_text, {}});
   auto out = g.out;
   job.logprobs = gp.logprobs;
   if (gp.logprobs >= 0) {
@@ -218,18 +224,48 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
       const std::vector<int32_t> a = lm.tokenizer->encode("a", false);
       if (!a.empty()) anchor = a.back();
     });
+    if (gp.echo) {
+      // The echoed prompt's entries, all in the first piece: the first token unscored, each
+      // later one scored by the logits before it; offsets over the tokens' texts (a special
+      // token's, such as BOS, is not in the echoed text).
+      job.prompt_logprobs = gp.logprobs;
+      job.on_prompt_logprobs = [tok = *lm.tokenizer, anchor = anchor, first = job.prompt.front(), echo_text,
+                                out](std::vector<StepLogprobs> lps) {
+        std::vector<TokenEntry> entries;
+        // text_offset: how much of the prompt's decoded text comes before the token.
+        StreamDecoder dec(tok, true, ByteRuns::Eager);
+        size_t offset = 0;
+        const auto add = [&](int32_t id, double lp, bool scored, const std::vector<TokenLogprob>& top) {
+          TokenEntry e;
+          e.chosen = token_alt(tok, anchor, id, lp);
+          for (const TokenLogprob& t : top) e.top.push_back(token_alt(tok, anchor, t.id, t.logprob));
+          e.scored = scored;
+          e.offset = offset;
+          offset += dec.push(id).size();
+          entries.push_back(std::move(e));
+        };
+        add(first, 0, false, {});
+        for (const StepLogprobs& lp : lps) add(lp.chosen.id, lp.chosen.logprob, true, lp.top);
+        {
+          std::lock_guard lk(out->mu);
+          out->pending.insert(out->pending.begin(), Piece{echo_text, std::move(entries)});
+        }
+        out->cv.notify_all();
+      };
+    }
     // A copy of the tokenizer (it shares its tables) for the scheduler thread.
     job.on_logprobs = [tok = *lm.tokenizer, anchor = anchor, ts](const StepLogprobs& lp) {
       TokenEntry e;
       e.chosen = token_alt(tok, anchor, lp.chosen.id, lp.chosen.logprob);
       for (const TokenLogprob& t : lp.top) e.top.push_back(token_alt(tok, anchor, t.id, t.logprob));
-      e.offset = ts->offset;
-      ts->offset += e.chosen.text.size();
+      e.offset = ts->offset;  // the text released before this token
       ts->waiting.push_back(std::move(e));
     };
   }
   job.on_token = [ts, out](int32_t id) {
-    std::string text = ts->stop.push(ts->dec.push(id));
+    const std::string decoded = ts->dec.push(id);
+    ts->offset += decoded.size();
+    std::string text = ts->stop.push(decoded);
     {
       std::lock_guard lk(out->mu);
       ++out->completion_tokens;
@@ -392,7 +428,7 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
   const json body = parse_body(req.body);
   std::vector<int32_t> prompt;
   GenParams gp;
-  std::string model;
+  std::string model, echo_text;
   if (chat_endpoint) {
     ChatRequest r = parse_chat(body, opt.cache_defaults, lm.model->config().vocab_size);
     if (!chat) throw ApiError(400, "messages: model has no chat template (start the server with --chat-template FILE)",
@@ -406,8 +442,12 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     prompt = completion_prompt(r);
     gp = r.gen;
     model = r.model;
+    if (gp.echo) {
+      if (const auto* text = std::get_if<std::string>(&r.prompt)) echo_text = *text;
+      else echo_text = lm.tokenizer->decode(prompt, true);
+    }
   }
-  Generation g = submit(std::move(prompt), gp, chat_endpoint, model);
+  Generation g = submit(std::move(prompt), gp, chat_endpoint, model, echo_text);
   ++owner.in_flight_;
   if (gp.stream) return stream(res, std::move(g));
   std::unique_lock lk(g.out->mu);

@@ -96,7 +96,8 @@ GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_ke
   g.max_tokens = max_default;
   g.sampler.temperature = 1.0;  // OpenAI's default
   g.sampler.top_p = 1.0;
-  if (const json* v = field(b, max_key)) g.max_tokens = integer(*v, max_key, 1, int64_t(1) << 30);
+  // 0 only where echo asks for the prompt alone (checked by parse_completion).
+  if (const json* v = field(b, max_key)) g.max_tokens = integer(*v, max_key, 0, int64_t(1) << 30);
   if (const json* v = field(b, "temperature")) g.sampler.temperature = number(*v, "temperature", 0, 2);
   if (const json* v = field(b, "top_p")) {
     g.sampler.top_p = number(*v, "top_p", 0, 1);
@@ -191,6 +192,9 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
   // The legacy endpoint's "logprobs" is the count of most likely tokens to list (OpenAI: up
   // to 5; 20 here, as vLLM and the chat endpoint allow).
   if (const json* v = field(b, "logprobs")) r.gen.logprobs = int(integer(*v, "logprobs", 0, kMaxTopLogprobs));
+  if (const json* v = field(b, "echo")) r.gen.echo = boolean(*v, "echo");
+  if (r.gen.max_tokens == 0 && !r.gen.echo)
+    bad("max_tokens", "expected an integer in [1, 1073741824], got 0 (0 only with \"echo\": true)");
   return r;
 }
 
@@ -215,6 +219,8 @@ ChatRequest parse_chat(const json& b, const CacheSpec& defaults, int32_t vocab) 
   // max_completion_tokens is the newer name; max_tokens is still sent by older clients.
   const bool has_new = field(b, "max_completion_tokens") != nullptr;
   r.gen = parse_gen(b, defaults, has_new ? "max_completion_tokens" : "max_tokens", 256, vocab);
+  if (r.gen.max_tokens == 0)
+    bad(has_new ? "max_completion_tokens" : "max_tokens", "expected an integer in [1, 1073741824], got 0");
   const json* lp = field(b, "logprobs");
   const bool want = lp && boolean(*lp, "logprobs");
   if (const json* v = field(b, "top_logprobs")) {

@@ -39,6 +39,7 @@ struct GenParams {
   // OpenAI's logprobs: -1 off, else how many most likely tokens to list beside each
   // generated one (completions: "logprobs": N; chat: "logprobs": true, "top_logprobs": N).
   int logprobs = -1;
+  bool echo = false;  // completions: the prompt's text (and with logprobs its tokens') first
   CacheSpec cache;         // "kv_cache" over the server's defaults
 };
 

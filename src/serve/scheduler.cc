@@ -160,6 +160,7 @@ void Scheduler::admit() {
     }
     try {
       e.seq = backend_.start(e.job->prompt, e.job->cache, e.job->sampler);
+      if (e.job->prompt_logprobs >= 0) backend_.record_prompt_logprobs(*e.seq, e.job->prompt_logprobs);
     } catch (const std::exception& ex) {
       {
         std::lock_guard lk(mu_);
@@ -190,8 +191,43 @@ void Scheduler::prefill() {
   if (seqs.empty()) return;
   std::vector<std::string> errors(seqs.size());
   backend_.prefill_batch(seqs, cfg_.prefill_chunk, errors);
-  for (size_t i = 0; i < entries.size(); ++i)
-    if (!errors[i].empty()) entries[i]->error = errors[i];  // removed as an error by drop_cancelled() before decode
+  std::vector<std::pair<Entry*, FinishReason>> done;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = *entries[i];
+    if (!errors[i].empty()) {
+      e.error = errors[i];  // removed as an error by drop_cancelled() before decode
+      continue;
+    }
+    if (!e.seq->prefilled()) continue;
+    if (e.job->prompt_logprobs >= 0 && e.job->on_prompt_logprobs) {
+      try {
+        e.job->on_prompt_logprobs(backend_.take_prompt_logprobs(*e.seq));
+      } catch (const std::exception& ex) {
+        e.error = ex.what();
+        done.emplace_back(&e, FinishReason::Error);
+        continue;
+      }
+    }
+    if (e.job->max_tokens == 0) done.emplace_back(&e, FinishReason::Length);  // the prompt was all it asked for
+  }
+  if (!done.empty()) retire(done);
+}
+
+void Scheduler::retire(const std::vector<std::pair<Entry*, FinishReason>>& done, const std::string& error) {
+  std::vector<std::unique_ptr<Entry>> finished;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [ptr, r] : done)
+      for (auto it = running_.begin(); it != running_.end(); ++it)
+        if (it->get() == ptr) {
+          reserved_ -= ptr->reservation;
+          finished.push_back(std::move(*it));
+          running_.erase(it);
+          break;
+        }
+  }
+  for (size_t i = 0; i < done.size(); ++i)
+    finish(*finished[i], done[i].second, error.empty() ? finished[i]->error : error);
 }
 
 void Scheduler::emit(Entry& e, int32_t id) {
@@ -249,20 +285,7 @@ void Scheduler::decode() {
     else if (e.generated >= e.job->max_tokens || backend_.full(*e.seq))
       done.emplace_back(&e, FinishReason::Length);
   }
-  std::vector<std::unique_ptr<Entry>> finished;
-  {
-    std::lock_guard lk(mu_);
-    for (auto& [ptr, r] : done)
-      for (auto it = running_.begin(); it != running_.end(); ++it)
-        if (it->get() == ptr) {
-          reserved_ -= ptr->reservation;
-          finished.push_back(std::move(*it));
-          running_.erase(it);
-          break;
-        }
-  }
-  for (size_t i = 0; i < done.size(); ++i)
-    finish(*finished[i], done[i].second, error.empty() ? finished[i]->error : error);
+  retire(done, error);
 }
 
 void Scheduler::publish_gauges() {

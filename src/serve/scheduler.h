@@ -34,12 +34,17 @@ struct Job {
   std::vector<int32_t> prompt;
   CacheSpec cache;
   SamplerConfig sampler;
-  int64_t max_tokens = 16;
+  int64_t max_tokens = 16;  // 0: feed the prompt only (with prompt_logprobs: score it)
   bool ignore_eos = false;
   // OpenAI's logprobs: -1 off, else how many most likely tokens to list beside each chosen
   // one; on_logprobs then gets each generated token's, just before its on_token.
   int logprobs = -1;
   std::function<void(const StepLogprobs&)> on_logprobs;
+  // The prompt's own logprobs (OpenAI's echo): -1 off, else as `logprobs`; on_prompt_logprobs
+  // then gets, once the prompt is fed, one entry per prompt token after the first (token i
+  // from the logits after token i - 1), before any generated token.
+  int prompt_logprobs = -1;
+  std::function<void(std::vector<StepLogprobs>)> on_prompt_logprobs;
   // Each generated token (EOS excluded); return false to stop (a stop string matched).
   std::function<bool(int32_t id)> on_token;
   // Exactly once per accepted job, after its last on_token.
@@ -98,6 +103,9 @@ class Scheduler {
     std::string error;  // set when its prefill failed: removed as an error before decode
   };
   void finish(Entry& e, FinishReason r, const std::string& error = {});
+  // Takes the entries out of running_, releases their reservations and finishes them (with
+  // `error` where given, else each entry's own).
+  void retire(const std::vector<std::pair<Entry*, FinishReason>>& done, const std::string& error = {});
   void drop_cancelled();
   void admit();
   void prefill();

@@ -186,6 +186,27 @@ const groups = {
       const fp = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 110, temperature: 0,
                                                    ignore_eos: true, frequency_penalty: 2 });
       assert.notEqual(fp.choices[0].text, c.choices[0].text, 'frequency_penalty changed nothing');
+      // echo: the prompt's text first; with logprobs its tokens' too (the first unscored),
+      // each one the logprob its own step gave when it was generated (prefill's batched
+      // products against decode's one-row ones: 1e-4).
+      const gen = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 8, temperature: 0,
+                                                    logprobs: 1 });
+      const ids = (await post(`${srv.url}/tokenize`, { content: PROMPT }, { Authorization: 'Bearer sekret' })).json.tokens;
+      const genIds = (await post(`${srv.url}/tokenize`, { content: PROMPT + gen.choices[0].text },
+                                 { Authorization: 'Bearer sekret' })).json.tokens;
+      const echo = await client.completions.create({ model: 'x', prompt: genIds, max_tokens: 0, echo: true, logprobs: 1 });
+      const el = echo.choices[0].logprobs;
+      assert.equal(echo.choices[0].text, PROMPT + gen.choices[0].text);
+      assert.equal(el.tokens.length, genIds.length);
+      assert.equal(el.token_logprobs[0], null);
+      assert.equal(el.top_logprobs[0], null);
+      assert.equal(genIds.length, ids.length + 8, 'the text re-tokenises to the prompt and the 8 generated ids');
+      gen.choices[0].logprobs.token_logprobs.forEach((x, k) =>
+        assert.ok(Math.abs(el.token_logprobs[ids.length + k] - x) < 1e-4, `token ${k}: ${el.token_logprobs[ids.length + k]} ${x}`));
+      const plainEcho = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 4, echo: true,
+                                                         temperature: 0 });
+      assert.ok(plainEcho.choices[0].text.startsWith(PROMPT + ','), plainEcho.choices[0].text);
+      assert.equal(plainEcho.choices[0].logprobs, null);
       // A bounded int4 cache through the extension field, longer than its window.
       const b = await client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: 80, temperature: 0,
                                                   ignore_eos: true, kv_cache: { quantize: 'int4', sink: 4, window: 28 } });
@@ -384,6 +405,23 @@ const groups = {
                     `prompt ${i} step ${s}: margin ${v[0] - v[1]} against transformers' ${margins[s]}`);
         });
       });
+      // The same margins scored as a prompt (echo, max_tokens 0: the prompt's own logprobs, as
+      // evaluation harnesses ask for them): the prompt and its greedy continuation fed at once,
+      // token P + k's entry scored by the logits after token P + k - 1.
+      for (const [i, p] of ref.entries()) {
+        const ids = [...p.prompt_ids, ...p.greedy_new_tokens];
+        const r = await post(`${srv.url}/v1/completions`, { prompt: ids, max_tokens: 0, echo: true, logprobs: 2 });
+        assert.equal(r.status, 200, r.text);
+        const lp = r.json.choices[0].logprobs;
+        assert.equal(lp.tokens.length, ids.length);
+        assert.equal(lp.token_logprobs[0], null);
+        assert.equal(r.json.usage.completion_tokens, 0);
+        p.greedy_new_tokens.forEach((_, k) => {
+          const v = Object.values(lp.top_logprobs[p.prompt_ids.length + k]).sort((a, b) => b - a);
+          assert.ok(Math.abs(v[0] - v[1] - p.top1_top2_margin[k]) < 0.03,
+                    `echo, prompt ${i} token ${k}: margin ${v[0] - v[1]} against ${p.top1_top2_margin[k]}`);
+        });
+      }
     } finally {
       await stopServer(srv);
     }

@@ -33,6 +33,7 @@ class FakeBackend : public Backend {
   struct Seq : Sequence {
     std::vector<int32_t> prompt;
     int64_t fed = 0, generated = 0;
+    bool prompt_lp = false;
     size_t kv_bytes() const override { return size_t(fed + generated); }
     bool prefilled() const override { return fed == int64_t(prompt.size()); }
     int64_t prompt_remaining() const override { return int64_t(prompt.size()) - fed; }
@@ -68,6 +69,15 @@ class FakeBackend : public Backend {
     lp.chosen = {id, -double(id) / 1000};
     for (int i = 0; i < top; ++i) lp.top.push_back({id + 1 + i, -double(id + 1 + i) / 1000});
     return lp;
+  }
+  // Prompt token i's logprob is -i / 100, recorded as the prompt is fed.
+  void record_prompt_logprobs(Sequence& base, int) override { static_cast<Seq&>(base).prompt_lp = true; }
+  std::vector<StepLogprobs> take_prompt_logprobs(Sequence& base) override {
+    auto& s = static_cast<Seq&>(base);
+    std::vector<StepLogprobs> out;
+    if (!s.prompt_lp) return out;
+    for (size_t i = 1; i < s.prompt.size(); ++i) out.push_back({{s.prompt[i], -double(i) / 100}, {}});
+    return out;
   }
   bool full(const Sequence&) const override { return false; }
   int live = 0;  // not counting destruction: see Tracked
@@ -281,6 +291,37 @@ TEST(ServeScheduler, LogprobsPrecedeEachToken) {
   EXPECT_EQ(with.reason, FinishReason::Stop);
   EXPECT_EQ(calls, 0);
   EXPECT_EQ(without.tokens, (std::vector<int32_t>{20, 21, 22}));
+}
+
+// Prompt logprobs come once the whole prompt is fed (over several chunks), before any
+// generated token; max_tokens 0 feeds the prompt and finishes with no token.
+TEST(ServeScheduler, PromptLogprobsAndPromptOnlyJobs) {
+  FakeBackend b;
+  Scheduler s(b, config(1 << 20));  // chunks of 4
+  Record gen, only;
+  std::vector<std::string> order;
+  auto j = make_job({30, 31, 32, 33, 34, 35}, gen, 2);
+  j->prompt_logprobs = 0;
+  j->on_prompt_logprobs = [&](std::vector<StepLogprobs> lp) {
+    order.push_back("prompt " + std::to_string(lp.size()) + " " + std::to_string(lp.front().chosen.id));
+  };
+  j->on_token = [&](int32_t id) {
+    order.push_back("token " + std::to_string(id));
+    return true;
+  };
+  s.submit(j);
+  auto k = make_job({50, 51, 52}, only, 0);
+  int prompt_calls = 0;
+  k->prompt_logprobs = 1;
+  k->on_prompt_logprobs = [&](std::vector<StepLogprobs> lp) { prompt_calls += int(lp.size()); };
+  s.submit(k);
+  run_until_idle(s);
+  EXPECT_EQ(order, (std::vector<std::string>{"prompt 5 31", "token 30", "token 31"}));
+  EXPECT_EQ(only.tokens, std::vector<int32_t>{});
+  EXPECT_EQ(only.finishes, 1);
+  EXPECT_EQ(only.reason, FinishReason::Length);
+  EXPECT_EQ(prompt_calls, 2);
+  EXPECT_EQ(s.reserved_bytes(), 0u);
 }
 
 TEST(ServeScheduler, ChunkedPrefillKeepsRunningStreamsDecoding) {

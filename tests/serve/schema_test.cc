@@ -55,6 +55,8 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
       {R"({"prompt": "a", "presence_penalty": 2.5})", "presence_penalty"},
       {R"({"prompt": "a", "logprobs": true})", "logprobs"},
+      {R"({"prompt": "a", "echo": 1})", "echo"},
+      {R"({"prompt": "a", "echo": false, "max_tokens": 0})", "max_tokens"},
       {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
       {R"({"prompt": "a", "logprobs": -1})", "logprobs"},
       {R"({"prompt": "a", "presence_penalty": "x"})", "presence_penalty"},
@@ -136,6 +138,10 @@ TEST(ServeSchema, GoodCompletionRequest) {
   EXPECT_EQ(d.gen.logprobs, -1);
   EXPECT_EQ(parse_completion(parse_body(R"({"prompt": "hi", "logprobs": 3})"), defaults, 512).gen.logprobs, 3);
   EXPECT_EQ(parse_completion(parse_body(R"({"prompt": "hi", "logprobs": 0})"), defaults, 512).gen.logprobs, 0);
+  const auto echo = parse_completion(parse_body(R"({"prompt": "hi", "echo": true, "max_tokens": 0})"), defaults, 512);
+  EXPECT_TRUE(echo.gen.echo);
+  EXPECT_EQ(echo.gen.max_tokens, 0);
+  EXPECT_FALSE(d.gen.echo);
 }
 
 TEST(ServeSchema, KvCacheOverridesOnlyWhatItNames) {
@@ -182,6 +188,8 @@ TEST(ServeSchema, ChatRequest) {
       {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -2})", "max_completion_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 3})", "logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "max_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})", "max_completion_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": false, "top_logprobs": 3})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs"},
