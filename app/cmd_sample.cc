@@ -27,7 +27,7 @@ struct SampleOpts {
   double temperature = 0.8;
   int64_t top_k = 40;
   double top_p = 0.95;
-  double presence_penalty = 0, frequency_penalty = 0;
+  double min_p = 0, presence_penalty = 0, frequency_penalty = 0;
   int64_t seed = -1;
   bool json = false, ignore_eos = false, no_bos = false;
   int threads = 0;
@@ -128,6 +128,7 @@ void run_sample(const SampleOpts& o) {
   go.max_new_tokens = o.tokens;
   go.ignore_eos = o.ignore_eos;
   go.sampler = {o.temperature, o.top_k, o.top_p, o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}()};
+  go.sampler.min_p = o.min_p;
   go.sampler.presence_penalty = o.presence_penalty;
   go.sampler.frequency_penalty = o.frequency_penalty;
   validate(go.sampler);
@@ -184,6 +185,8 @@ void add_sample_command(CLI::App& root) {
   cmd->add_option("--temperature,-t", o->temperature, "Sampling temperature; 0 = greedy (default 0.8)");
   cmd->add_option("--top-k", o->top_k, "Keep the K most likely tokens; 0 = off (default 40)");
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]; 1 = off (default 0.95)");
+  cmd->add_option("--min-p", o->min_p,
+                  "Drop tokens less likely than this times the most likely one, in [0, 1]; 0 = off (default 0)");
   cmd->add_option("--presence-penalty", o->presence_penalty,
                   "Subtract this from the logit of every token already generated, in [-2, 2] (OpenAI's; default 0)");
   cmd->add_option("--frequency-penalty", o->frequency_penalty,

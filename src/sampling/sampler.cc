@@ -14,6 +14,7 @@ void validate(const SamplerConfig& c) {
     fail("--temperature {}: expected a finite number >= 0", c.temperature);
   if (c.top_k < 0) fail("--top-k {}: expected >= 0 (0 = off)", c.top_k);
   if (!(c.top_p > 0 && c.top_p <= 1)) fail("--top-p {}: expected a value in (0, 1]", c.top_p);
+  if (!(c.min_p >= 0 && c.min_p <= 1)) fail("--min-p {}: expected a value in [0, 1]", c.min_p);
   if (!(c.presence_penalty >= -2 && c.presence_penalty <= 2))
     fail("--presence-penalty {}: expected a value in [-2, 2]", c.presence_penalty);
   if (!(c.frequency_penalty >= -2 && c.frequency_penalty <= 2))
@@ -72,13 +73,24 @@ int32_t Sampler::draw(std::span<const float> logits) {
   const int64_t n = int64_t(logits.size());
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   // Draws among candidates cand_[0..count) with weights weights_[0..count), their sum `sum`.
+  // min-p: the weights are e^((l - max) / T), the most likely token's 1, so a candidate is
+  // kept when its weight is at least min_p (the most likely always is).
   const auto draw = [&](size_t count, double sum) {
+    if (cfg_.min_p > 0) {
+      sum = 0;
+      for (size_t i = 0; i < count; ++i) {
+        if (weights_[i] < cfg_.min_p) weights_[i] = 0;
+        sum += weights_[i];
+      }
+    }
     double r = uniform() * sum;
     for (size_t i = 0; i < count; ++i) {
       r -= weights_[i];
       if (r < 0) return cand_[i].second;
     }
-    return cand_[count - 1].second;
+    for (size_t i = count; i-- > 0;)  // rounding: the last candidate with a weight
+      if (weights_[i] > 0) return cand_[i].second;
+    return cand_[0].second;
   };
   // top-p: the smallest prefix of cand_ in logit order whose mass reaches top_p of
   // `total` (at least one token), its first `sorted` already in order; weight(c) is a
@@ -106,6 +118,20 @@ int32_t Sampler::draw(std::span<const float> logits) {
     const double m = logits[size_t(ops::argmax(logits.data(), n))];
     all_w_.resize(size_t(n));
     const double total = ops::exp_weights(logits.data(), n, m, inv_t, all_w_.data());
+    if (cfg_.top_p >= 1.0 && cfg_.min_p > 0) {  // min-p alone: the kept tokens in id order
+      double kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double& w = all_w_[size_t(i)];
+        if (w < cfg_.min_p) w = 0;
+        kept += w;
+      }
+      double r = uniform() * kept;
+      for (int64_t i = 0; i < n; ++i) {
+        r -= all_w_[size_t(i)];
+        if (r < 0) return int32_t(i);
+      }
+      return int32_t(ops::argmax(logits.data(), n));  // rounding: the most likely
+    }
     if (cfg_.top_p >= 1.0) {  // the draw's scan in id order
       double r = uniform() * total;
       for (int64_t i = 0; i < n; ++i) {

@@ -13,6 +13,9 @@ struct SamplerConfig {
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;        // 1 = off; must be in (0, 1]
   uint64_t seed = 0;
+  // min-p (llama.cpp's, vLLM's): after temperature, top-k and top-p, drop the tokens whose
+  // probability is below min_p times the most likely one's; 0 = off, in [0, 1].
+  double min_p = 0.0;
   // OpenAI's penalties and bias, applied to the logits before anything else (greedy
   // included): logit[t] + bias[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0),
   // c[t] = how many times this sampler has drawn t (the generated tokens, not the

@@ -88,7 +88,7 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& v, int32_t vocab) 
   return out;
 }
 
-// temperature, top_p, top_k, seed, presence_penalty, frequency_penalty, logit_bias,
+// temperature, top_p, top_k, min_p, seed, presence_penalty, frequency_penalty, logit_bias,
 // max_tokens (under `max_key`), stop, n, stream, ignore_eos, kv_cache.
 GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_key, int64_t max_default,
                     int32_t vocab) {
@@ -108,6 +108,7 @@ GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_ke
     g.sampler.seed = uint64_t(integer(*v, "seed", INT64_MIN, INT64_MAX));
     g.seeded = true;
   }
+  if (const json* v = field(b, "min_p")) g.sampler.min_p = number(*v, "min_p", 0, 1);
   if (const json* v = field(b, "presence_penalty"))
     g.sampler.presence_penalty = number(*v, "presence_penalty", -2, 2);
   if (const json* v = field(b, "frequency_penalty"))

@@ -150,6 +150,30 @@ TEST(Sampler, RejectsBadSettings) {
   EXPECT_THROW(validate(c), Error);
 }
 
+// min-p: a token is kept when its probability is at least min_p times the most likely's.
+// Logits {0, ln 0.5, ln 0.25, ln 0.1} at T = 1: relative probabilities 1, 0.5, 0.25, 0.1, so
+// min_p 0.3 keeps the first two, drawn 2 : 1; the same through the top-k and top-p paths.
+TEST(Sampler, MinPKeepsTokensNearTheMostLikely) {
+  const std::vector<float> l = {0.f, std::log(0.5f), std::log(0.25f), std::log(0.1f)};
+  for (const auto& [k, p] : std::vector<std::pair<int64_t, double>>{{0, 1.0}, {3, 1.0}, {0, 0.99}}) {
+    SamplerConfig c;
+    c.temperature = 1.0;
+    c.top_k = k;
+    c.top_p = p;
+    c.min_p = 0.3;
+    c.seed = 11;
+    Sampler s(c);
+    std::map<int32_t, int> n;
+    const int draws = 6000;
+    for (int i = 0; i < draws; ++i) ++n[s.sample(l)];
+    EXPECT_EQ(n.count(2) + n.count(3), 0u) << "top_k " << k << " top_p " << p;
+    EXPECT_NEAR(double(n[0]) / draws, 2.0 / 3.0, 0.03) << "top_k " << k << " top_p " << p;
+  }
+  SamplerConfig bad;
+  bad.min_p = 1.5;
+  EXPECT_THROW(validate(bad), Error);
+}
+
 // OpenAI's definition (API reference, "presence_penalty" / "frequency_penalty"):
 // logit[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty, c[j] the times j was
 // sampled. Greedy over logits {3, 2.5, 2.2, 0}: each case's order worked out by hand.

@@ -54,6 +54,8 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "stream_options": 1})", "stream_options"},
       {R"({"prompt": "a", "presence_penalty": 2.5})", "presence_penalty"},
+      {R"({"prompt": "a", "min_p": 1.5})", "min_p"},
+      {R"({"prompt": "a", "min_p": "x"})", "min_p"},
       {R"({"prompt": "a", "logprobs": true})", "logprobs"},
       {R"({"prompt": "a", "echo": 1})", "echo"},
       {R"({"prompt": "a", "echo": false, "max_tokens": 0})", "max_tokens"},
@@ -123,6 +125,7 @@ TEST(ServeSchema, GoodCompletionRequest) {
   const auto pen = parse_completion(parse_body(R"({"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1.25,
       "logit_bias": {"13": -100, "511": 2.5}})"), defaults, 512);
   EXPECT_EQ(pen.gen.sampler.presence_penalty, 0.5);
+  EXPECT_EQ(parse_completion(parse_body(R"({"prompt": "hi", "min_p": 0.05})"), defaults, 512).gen.sampler.min_p, 0.05);
   EXPECT_EQ(pen.gen.sampler.frequency_penalty, -1.25);
   EXPECT_EQ(pen.gen.sampler.logit_bias, (std::vector<std::pair<int32_t, float>>{{13, -100.f}, {511, 2.5f}}));
   // Without kv_cache the server's defaults apply.
