@@ -131,6 +131,15 @@ TokenEntry::Alt token_alt(const Tokenizer& tok, int32_t anchor, int32_t id, doub
   return alt;
 }
 
+// A token's entry: its own alternative and those of the `top` most likely.
+TokenEntry token_entry(const Tokenizer& tok, int32_t anchor, int32_t id, double logprob,
+                       const std::vector<TokenLogprob>& top) {
+  TokenEntry e;
+  e.chosen = token_alt(tok, anchor, id, logprob);
+  for (const TokenLogprob& t : top) e.top.push_back(token_alt(tok, anchor, t.id, t.logprob));
+  return e;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -226,8 +235,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     });
     if (gp.echo) {
       // The echoed prompt's entries, all in the first piece: the first token unscored, each
-      // later one scored by the logits before it; offsets over the tokens' texts (a special
-      // token's, such as BOS, is not in the echoed text).
+      // later one scored by the logits before it.
       job.prompt_logprobs = gp.logprobs;
       job.on_prompt_logprobs = [tok = *lm.tokenizer, anchor = anchor, first = job.prompt.front(), echo_text,
                                 out](std::vector<StepLogprobs> lps) {
@@ -236,9 +244,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
         StreamDecoder dec(tok, true, ByteRuns::Eager);
         size_t offset = 0;
         const auto add = [&](int32_t id, double lp, bool scored, const std::vector<TokenLogprob>& top) {
-          TokenEntry e;
-          e.chosen = token_alt(tok, anchor, id, lp);
-          for (const TokenLogprob& t : top) e.top.push_back(token_alt(tok, anchor, t.id, t.logprob));
+          TokenEntry e = token_entry(tok, anchor, id, lp, top);
           e.scored = scored;
           e.offset = offset;
           offset += dec.push(id).size();
@@ -255,9 +261,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
     }
     // A copy of the tokenizer (it shares its tables) for the scheduler thread.
     job.on_logprobs = [tok = *lm.tokenizer, anchor = anchor, ts](const StepLogprobs& lp) {
-      TokenEntry e;
-      e.chosen = token_alt(tok, anchor, lp.chosen.id, lp.chosen.logprob);
-      for (const TokenLogprob& t : lp.top) e.top.push_back(token_alt(tok, anchor, t.id, t.logprob));
+      TokenEntry e = token_entry(tok, anchor, lp.chosen.id, lp.chosen.logprob, lp.top);
       e.offset = ts->offset;  // the text released before this token
       ts->waiting.push_back(std::move(e));
     };
