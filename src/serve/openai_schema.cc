@@ -186,8 +186,17 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
     r.prompt = std::move(ids);
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
     r.prompt = (*p)[0].get<std::string>();  // the openai client may wrap one prompt in an array
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array() && !(*p)[0].empty()) {
+    // One prompt of token ids in a batch of one (lm-evaluation-harness sends these).
+    const json& inner = (*p)[0];
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < inner.size(); ++i)
+      ids.push_back(int32_t(integer(inner[i], fmt::format("prompt[0][{}]", i), 0, vocab - 1)));
+    r.prompt = std::move(ids);
+  } else if (p->is_array() && p->size() > 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    bad("prompt", fmt::format("{} prompts in one request; send one prompt per request", p->size()));
   } else {
-    bad("prompt", "expected a string, an array of token ids, or an array of one string");
+    bad("prompt", "expected a string, an array of token ids, or an array of one string or of one array of ids");
   }
   r.gen = parse_gen(b, defaults, "max_tokens", 16, vocab);
   // The legacy endpoint's "logprobs" is the count of most likely tokens to list (OpenAI: up

@@ -35,6 +35,10 @@ TEST(ServeSchema, EveryBadFieldNamesItself) {
       {R"({"prompt": 5})", "prompt"},
       {R"({"prompt": [1, 2, 512]})", "prompt[2]"},
       {R"({"prompt": [1, -1]})", "prompt[1]"},
+      {R"({"prompt": [[1, 512]]})", "prompt[0][1]"},
+      {R"({"prompt": [[]]})", "prompt"},
+      {R"({"prompt": [[1], [2]]})", "prompt"},
+      {R"({"prompt": ["a", "b"]})", "prompt"},
       {R"({"prompt": "a", "max_tokens": "10"})", "max_tokens"},
       {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
       {R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens"},
@@ -131,6 +135,8 @@ TEST(ServeSchema, GoodCompletionRequest) {
   // Without kv_cache the server's defaults apply.
   const auto d = parse_completion(parse_body(R"({"prompt": [1, 2, 511]})"), defaults, 512);
   EXPECT_EQ(std::get<std::vector<int32_t>>(d.prompt), (std::vector<int32_t>{1, 2, 511}));
+  const auto nested = parse_completion(parse_body(R"({"prompt": [[1, 2, 511]]})"), defaults, 512);
+  EXPECT_EQ(std::get<std::vector<int32_t>>(nested.prompt), (std::vector<int32_t>{1, 2, 511}));
   EXPECT_EQ(d.gen.cache.storage, KVStorage::BF16);
   EXPECT_EQ(d.gen.max_tokens, 16);
   EXPECT_EQ(d.gen.sampler.temperature, 1.0);
