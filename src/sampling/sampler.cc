@@ -67,22 +67,28 @@ int32_t Sampler::argmax(std::span<const float> logits) {
 // takes the same weights and sorts a growing top slice (64, 256, ... tokens) until
 // its mass reaches top_p of the total, so a peaked distribution costs a partial
 // sort of a few dozen tokens and a flat one at worst a full sort.
+namespace {
+// min-p over weights e^((l - max) / T), the most likely token's 1: zeroes those below min_p
+// (the most likely is always kept) and returns the sum of the rest.
+double keep_min_p(double* w, size_t n, double min_p) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (w[i] < min_p) w[i] = 0;
+    sum += w[i];
+  }
+  return sum;
+}
+}  // namespace
+
 int32_t Sampler::draw(std::span<const float> logits) {
   if (cfg_.temperature == 0) return argmax(logits);
   const double inv_t = 1.0 / cfg_.temperature;
   const int64_t n = int64_t(logits.size());
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  // Draws among candidates cand_[0..count) with weights weights_[0..count), their sum `sum`.
-  // min-p: the weights are e^((l - max) / T), the most likely token's 1, so a candidate is
-  // kept when its weight is at least min_p (the most likely always is).
+  // Draws among candidates cand_[0..count) with weights weights_[0..count), their sum `sum`
+  // (min-p applied first).
   const auto draw = [&](size_t count, double sum) {
-    if (cfg_.min_p > 0) {
-      sum = 0;
-      for (size_t i = 0; i < count; ++i) {
-        if (weights_[i] < cfg_.min_p) weights_[i] = 0;
-        sum += weights_[i];
-      }
-    }
+    if (cfg_.min_p > 0) sum = keep_min_p(weights_.data(), count, cfg_.min_p);
     double r = uniform() * sum;
     for (size_t i = 0; i < count; ++i) {
       r -= weights_[i];
@@ -118,26 +124,15 @@ int32_t Sampler::draw(std::span<const float> logits) {
     const double m = logits[size_t(ops::argmax(logits.data(), n))];
     all_w_.resize(size_t(n));
     const double total = ops::exp_weights(logits.data(), n, m, inv_t, all_w_.data());
-    if (cfg_.top_p >= 1.0 && cfg_.min_p > 0) {  // min-p alone: the kept tokens in id order
-      double kept = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        double& w = all_w_[size_t(i)];
-        if (w < cfg_.min_p) w = 0;
-        kept += w;
-      }
-      double r = uniform() * kept;
+    if (cfg_.top_p >= 1.0) {  // the draw's scan in id order (min-p: over the tokens it keeps)
+      const double sum = cfg_.min_p > 0 ? keep_min_p(all_w_.data(), size_t(n), cfg_.min_p) : total;
+      double r = uniform() * sum;
       for (int64_t i = 0; i < n; ++i) {
         r -= all_w_[size_t(i)];
         if (r < 0) return int32_t(i);
       }
-      return int32_t(ops::argmax(logits.data(), n));  // rounding: the most likely
-    }
-    if (cfg_.top_p >= 1.0) {  // the draw's scan in id order
-      double r = uniform() * total;
-      for (int64_t i = 0; i < n; ++i) {
-        r -= all_w_[size_t(i)];
-        if (r < 0) return int32_t(i);
-      }
+      for (int64_t i = n; i-- > 0;)  // rounding: the last token with a weight
+        if (all_w_[size_t(i)] > 0) return int32_t(i);
       return int32_t(n - 1);
     }
     cand_.resize(size_t(n));

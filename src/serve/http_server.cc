@@ -108,19 +108,27 @@ json logprobs_json(const std::vector<TokenEntry>& tokens, bool chat) {
           {"text_offset", std::move(offsets)}};
 }
 
+// The plain token token_alt() decodes each token after, and its own text.
+struct Anchor {
+  int32_t id = -1;  // -1: none (each token decoded alone)
+  std::string text;
+};
+
 // A token's own text as it reads inside generated text, leading space kept: decoders strip
-// the first token's space (SentencePiece's Strip), so the token is decoded after `anchor`
-// (a plain token, or -1) and the anchor's text taken off. Its bytes: a byte piece ("<0xE2>")
-// its one byte, else the UTF-8 of its text (a lone byte decodes to U+FFFD, as OpenAI's does).
-TokenEntry::Alt token_alt(const Tokenizer& tok, int32_t anchor, int32_t id, double logprob) {
+// the first token's space (SentencePiece's Strip), so the token is decoded after the anchor
+// and the anchor's text taken off. Its bytes: a byte piece ("<0xE2>") its one byte, else the
+// UTF-8 of its text (a lone byte decodes to U+FFFD, as OpenAI's does).
+TokenEntry::Alt token_alt(const Tokenizer& tok, const Anchor& anchor, int32_t id, double logprob) {
   TokenEntry::Alt alt{{}, {}, logprob};
-  alt.text = tok.decode(std::span<const int32_t>(&id, 1), false);
-  if (anchor >= 0) {
-    const int32_t pair[2] = {anchor, id};
-    const std::string head = tok.decode(std::span<const int32_t>(pair, 1), false);
-    const std::string both = tok.decode(pair, false);
-    if (both.compare(0, head.size(), head) == 0) alt.text = both.substr(head.size());
+  std::string both;
+  if (anchor.id >= 0) {
+    const int32_t pair[2] = {anchor.id, id};
+    both = tok.decode(pair, false);
   }
+  if (anchor.id >= 0 && both.compare(0, anchor.text.size(), anchor.text) == 0)
+    alt.text = both.substr(anchor.text.size());
+  else
+    alt.text = tok.decode(std::span<const int32_t>(&id, 1), false);
   const std::string piece = tok.id_to_piece(id);
   unsigned byte = 0;
   if (piece.size() == 6 && piece.compare(0, 3, "<0x") == 0 && piece[5] == '>' &&
@@ -132,7 +140,7 @@ TokenEntry::Alt token_alt(const Tokenizer& tok, int32_t anchor, int32_t id, doub
 }
 
 // A token's entry: its own alternative and those of the `top` most likely.
-TokenEntry token_entry(const Tokenizer& tok, int32_t anchor, int32_t id, double logprob,
+TokenEntry token_entry(const Tokenizer& tok, const Anchor& anchor, int32_t id, double logprob,
                        const std::vector<TokenLogprob>& top) {
   TokenEntry e;
   e.chosen = token_alt(tok, anchor, id, logprob);
@@ -154,7 +162,7 @@ struct HttpServer::Impl {
   std::atomic<bool> draining{false};
   std::atomic<uint64_t> next_id{1};
   std::once_flag anchor_once;
-  int32_t anchor = -1;  // token_alt()'s: the token of "a", -1 if none
+  Anchor anchor;  // token_alt()'s: the token of "a"
 
   Impl(ServerOptions o, const LoadedModel& lm, Backend& b, Scheduler& s, Metrics& m, ChatRenderer c, HttpServer& h)
       : opt(std::move(o)), lm(lm), backend(b), sched(s), metrics(m), chat(std::move(c)), owner(h) {}
@@ -231,7 +239,7 @@ Generation HttpServer::Impl::submit(std::vector<int32_t> prompt, const GenParams
   if (gp.logprobs >= 0) {
     std::call_once(anchor_once, [&] {
       const std::vector<int32_t> a = lm.tokenizer->encode("a", false);
-      if (!a.empty()) anchor = a.back();
+      if (!a.empty()) anchor = {a.back(), lm.tokenizer->decode(std::span<const int32_t>(&a.back(), 1), false)};
     });
     if (gp.echo) {
       // The echoed prompt's entries, all in the first piece: the first token unscored, each

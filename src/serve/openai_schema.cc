@@ -68,6 +68,11 @@ std::string string(const json& v, const std::string& name) {
   return v.get<std::string>();
 }
 
+int32_t token_id(const json& v, const std::string& name, int32_t vocab) { return int32_t(integer(v, name, 0, vocab - 1)); }
+
+// The most tokens a request may ask to generate.
+constexpr int64_t kMaxTokensLimit = int64_t(1) << 30;
+
 // logit_bias: {"TOKEN_ID": bias in [-100, 100], ...}, ids below `vocab`.
 std::vector<std::pair<int32_t, float>> logit_bias(const json& v, int32_t vocab) {
   if (!v.is_object()) bad("logit_bias", fmt::format("expected an object of token id -> bias, got {}", v.dump()));
@@ -97,7 +102,7 @@ GenParams parse_gen(const json& b, const CacheSpec& defaults, const char* max_ke
   g.sampler.temperature = 1.0;  // OpenAI's default
   g.sampler.top_p = 1.0;
   // 0 only where echo asks for the prompt alone (checked by parse_completion).
-  if (const json* v = field(b, max_key)) g.max_tokens = integer(*v, max_key, 0, int64_t(1) << 30);
+  if (const json* v = field(b, max_key)) g.max_tokens = integer(*v, max_key, 0, kMaxTokensLimit);
   if (const json* v = field(b, "temperature")) g.sampler.temperature = number(*v, "temperature", 0, 2);
   if (const json* v = field(b, "top_p")) {
     g.sampler.top_p = number(*v, "top_p", 0, 1);
@@ -182,7 +187,7 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
     r.prompt = p->get<std::string>();
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
     std::vector<int32_t> ids;
-    for (size_t i = 0; i < p->size(); ++i) ids.push_back(int32_t(integer((*p)[i], fmt::format("prompt[{}]", i), 0, vocab - 1)));
+    for (size_t i = 0; i < p->size(); ++i) ids.push_back(token_id((*p)[i], fmt::format("prompt[{}]", i), vocab));
     r.prompt = std::move(ids);
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
     r.prompt = (*p)[0].get<std::string>();  // the openai client may wrap one prompt in an array
@@ -190,8 +195,7 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
     // One prompt of token ids in a batch of one (lm-evaluation-harness sends these).
     const json& inner = (*p)[0];
     std::vector<int32_t> ids;
-    for (size_t i = 0; i < inner.size(); ++i)
-      ids.push_back(int32_t(integer(inner[i], fmt::format("prompt[0][{}]", i), 0, vocab - 1)));
+    for (size_t i = 0; i < inner.size(); ++i) ids.push_back(token_id(inner[i], fmt::format("prompt[0][{}]", i), vocab));
     r.prompt = std::move(ids);
   } else if (p->is_array() && p->size() > 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
     bad("prompt", fmt::format("{} prompts in one request; send one prompt per request", p->size()));
@@ -204,7 +208,7 @@ CompletionRequest parse_completion(const json& b, const CacheSpec& defaults, int
   if (const json* v = field(b, "logprobs")) r.gen.logprobs = int(integer(*v, "logprobs", 0, kMaxTopLogprobs));
   if (const json* v = field(b, "echo")) r.gen.echo = boolean(*v, "echo");
   if (r.gen.max_tokens == 0 && !r.gen.echo)
-    bad("max_tokens", "expected an integer in [1, 1073741824], got 0 (0 only with \"echo\": true)");
+    bad("max_tokens", fmt::format("expected an integer in [1, {}], got 0 (0 only with \"echo\": true)", kMaxTokensLimit));
   return r;
 }
 
@@ -230,7 +234,7 @@ ChatRequest parse_chat(const json& b, const CacheSpec& defaults, int32_t vocab) 
   const bool has_new = field(b, "max_completion_tokens") != nullptr;
   r.gen = parse_gen(b, defaults, has_new ? "max_completion_tokens" : "max_tokens", 256, vocab);
   if (r.gen.max_tokens == 0)
-    bad(has_new ? "max_completion_tokens" : "max_tokens", "expected an integer in [1, 1073741824], got 0");
+    bad(has_new ? "max_completion_tokens" : "max_tokens", fmt::format("expected an integer in [1, {}], got 0", kMaxTokensLimit));
   const json* lp = field(b, "logprobs");
   const bool want = lp && boolean(*lp, "logprobs");
   if (const json* v = field(b, "top_logprobs")) {
