@@ -7,8 +7,12 @@
 # on the 1B shape: one greedy request alone, then 24 identical ones at once, default and
 # invariant; how many of the 24 texts differ from the alone one. Each part also runs the mode
 # with PTLLM_CUDA_INVARIANT_TILE=1 (gemv_tile_kernel: written in session 29, not yet run).
+# 4. (session 31) The KIVI decode kernels after their shared parts moved into helpers
+# (turn_queries, slot_scores, slot_values_*, write_split): the KIVI tests with each kernel
+# forced, and one layer's decode attention alone, this build's cuda_attn_bench against the
+# previous one's (prebuilt/cuda_attn_bench_old, when staged), alternated.
 # Staged as the other device scripts are (prebuilt/, shared-lite/, cuda_device_env.sh and
-# serve_load_stdlib.py beside it): cd build-stage && bash THIS. PART=tests|bench|serve: one part.
+# serve_load_stdlib.py beside it): cd build-stage && bash THIS. PART=tests|bench|serve|kivi: one part.
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . ./cuda_device_env.sh
@@ -68,5 +72,23 @@ print(f"  alone: {a['events_per_s']} tok/s; 24 at once: {m['events_per_s']} tok/
       f"distinct texts {m['distinct_texts']}, equal to the alone text: {same} of 24")
 PY
     kill -TERM $SPID; wait $SPID; echo "  server exit $?"
+  done
+fi
+if has kivi; then
+  for v in "PTLLM_CUDA_KIVI_DEC=1" "PTLLM_CUDA_KIVI_DEC=2"; do
+    echo "== the KIVI model-level and batch tests with $v"
+    env $v timeout 200 $B/cuda_backend_test --gtest_color=no \
+      --gtest_filter='*BatchKivi*:*Stories260K*:*Llama*:*Qwen*:*Batch*:*Graph*' 2>&1 | filter |
+      grep -E "^\[  (PASSED|FAILED)|tests ran|Failure"
+  done
+  echo "== decode attention alone (one layer, 8 KV heads x 128, 32 query heads): new and old build alternated"
+  for r in $(seq "$ROUNDS"); do
+    for bin in cuda_attn_bench cuda_attn_bench_old; do
+      [ -x $B/$bin ] || continue
+      for v in "PTLLM_CUDA_KIVI_DEC=1" "PTLLM_CUDA_KIVI_DEC=2"; do
+        env $v PTLLM_BENCH_MODES=int8,int4,int2 timeout 120 $B/$bin 8192 32768 2>&1 |
+          grep decode_attention | sed "s/^/round $r $bin $v /" | tee -a "$OUT/attn.txt"
+      done
+    done
   done
 fi

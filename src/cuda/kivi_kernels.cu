@@ -375,6 +375,167 @@ __device__ __forceinline__ void rot_dot(const float* qq, float x0, float x1, flo
     for (int g = 4; g < GRP; ++g) acc[g] = fmaf(qh1[g - 4], r1, fmaf(ql1[g - 4], r0, acc[g]));
   }
 }
+// The GRP queries of KV head h, turned by their own angle for slots < run_split (A) and
+// the others (B), in rot_dot's layout: qs [2 runs][HD/2][lo 8 | hi 8].
+template <int HD, int GRP>
+__device__ __forceinline__ void turn_queries(const AttendKivi& a, int h, int tid, float* qs) {
+  constexpr int half = HD / 2;
+  for (int e = tid; e < GRP * half; e += kDecChunk) {
+    const int g = e / half, j = e % half;
+    const float* q = a.q + (int64_t(h) * GRP + g) * HD;
+    const float* qc = a.qcs;
+    const float x0 = q[j], x1 = q[j + half];
+    float* A = qs + j * 16;
+    float* B = qs + (half + j) * 16;
+    A[g] = x0 * qc[j] - x1 * qc[half + j];
+    A[8 + g] = x1 * qc[j] + x0 * qc[half + j];
+    B[g] = x0 * qc[HD + j] - x1 * qc[HD + half + j];
+    B[8 + g] = x1 * qc[HD + j] + x0 * qc[HD + half + j];
+  }
+}
+
+// A 16-byte (or smaller) word of a code row: through the read-only cache from global
+// memory (kind 1) or a plain load from the tile's shared-memory copy (kind 2).
+template <bool kGlobal, class W>
+__device__ __forceinline__ W code_load(const W* p) {
+  if constexpr (kGlobal) return __ldg(p);
+  else return *p;
+}
+
+// The K phase for slot t (one slot per thread): p_out[g * kDecChunk] = scale * q_g . k_t for
+// the GRP queries, k_t turned by its column of the slot table kcs2 [hd/2, cap] (cos, sin)
+// (a.kcs, read once by the caller). A sink or residual slot reads its
+// full-precision row; a quantised one its code row (row_of(jq): 16-byte words, jq = t -
+// n_sink) and its group's (scale, zero) words.
+template <class T, int BITS, int HD, int GRP, bool kGlobal, class RowOf>
+__device__ __forceinline__ void slot_scores(const AttendKivi& a, const KiviHeadRows<T>& hr, int ns, int qe,
+                                            const float* qs, const float2* kcs2, int t, RowOf row_of, float* p_out) {
+  constexpr int half = HD / 2;
+  const KiviLayer& c = a.c;
+  float acc[GRP];
+#pragma unroll
+  for (int g = 0; g < GRP; ++g) acc[g] = 0.f;
+  const float* qq = qs + (t < a.run_split ? 0 : half * 16);
+  const float2* tab = kcs2 + t;  // pair i at tab[i * cap]
+  if (t < ns || t >= qe) {
+    const T* kr = t < ns ? hr.ksink + int64_t(t) * HD : hr.kres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
+#pragma unroll 4
+    for (int i = 0; i < half; ++i)
+      rot_dot<GRP>(qq + i * 16, widen(kr[i]), widen(kr[i + half]), __ldg(tab + int64_t(i) * c.cap), acc);
+  } else {
+    const int jq = t - ns;
+    const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
+    // The group's (scale, zero) words, one per channel; 4 channels per 16-byte load.
+    const uint4* par = reinterpret_cast<const uint4*>(hr.kpar + int64_t((c.gstart + gi) % c.gcap) * HD * 2);
+    constexpr int NW = HD * BITS / 32;  // code words per row (a multiple of 4 for HD 64 / 128)
+    uint32_t w[NW];
+    const uint4* row = row_of(jq);
+#pragma unroll
+    for (int k4 = 0; k4 < NW / 4; ++k4) {
+      const uint4 x = code_load<kGlobal>(row + k4);
+      w[4 * k4] = x.x;
+      w[4 * k4 + 1] = x.y;
+      w[4 * k4 + 2] = x.z;
+      w[4 * k4 + 3] = x.w;
+    }
+#pragma unroll
+    for (int i4 = 0; i4 < half; i4 += 4) {
+      const uint4 pl = __ldg(par + i4 / 4), ph = __ldg(par + (half + i4) / 4);
+      const uint32_t wl[4] = {pl.x, pl.y, pl.z, pl.w}, wh[4] = {ph.x, ph.y, ph.z, ph.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i4 + e;
+        const float2 lo = par_f2(wl[e]), hi = par_f2(wh[e]);
+        const float x0 = fmaf(u2f(code_w<BITS>(w, i)), lo.x, lo.y);
+        const float x1 = fmaf(u2f(code_w<BITS>(w, i + half)), hi.x, hi.y);
+        rot_dot<GRP>(qq + i * 16, x0, x1, __ldg(tab + int64_t(i) * c.cap), acc);
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < GRP; ++g) p_out[g * kDecChunk] = acc[g] * a.scale;
+}
+
+// The V phase for slot t: o[g][e] += p_g(t) * v_t[cw * 8 + e] for the thread's 8 channels.
+// A quantised slot (its (scale, zero) pair sz, its 8 codes at cr, BITS bytes) takes the
+// scale into the weight and the zero into bz (sum_t p_t (s_t u_t + z_t) = sum_t (p_t s_t)
+// u_t + sum_t p_t z_t, as ops/kivi_kernels.h); a sink or residual slot its full-precision row.
+template <class T, int BITS, int GRP, bool kGlobal>
+__device__ __forceinline__ void slot_values_quant(float2 sz, const uint8_t* cr, const float* pw, float (*o)[8],
+                                                  float* bz) {
+  uint32_t cwd[2];
+  if (BITS == 8) {
+    const uint2 x = code_load<kGlobal>(reinterpret_cast<const uint2*>(cr));
+    cwd[0] = x.x;
+    cwd[1] = x.y;
+  } else if (BITS == 4) {
+    cwd[0] = code_load<kGlobal>(reinterpret_cast<const uint32_t*>(cr));
+  } else {
+    cwd[0] = code_load<kGlobal>(reinterpret_cast<const uint16_t*>(cr));
+  }
+  float ws[GRP];
+#pragma unroll
+  for (int g = 0; g < GRP; ++g) {
+    ws[g] = pw[g] * sz.x;
+    bz[g] = fmaf(pw[g], sz.y, bz[g]);
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float u = u2f(code_w<BITS>(cwd, e));
+#pragma unroll
+    for (int g = 0; g < GRP; ++g) o[g][e] = fmaf(ws[g], u, o[g][e]);
+  }
+}
+template <class T, int HD, int GRP>
+__device__ __forceinline__ void slot_values_full(const KiviLayer& c, const KiviHeadRows<T>& hr, int ns, int qe, int t,
+                                                 int cw, const float* pw, float (*o)[8]) {
+  const T* vr = t < ns ? hr.vsink + int64_t(t) * HD : hr.vres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
+  float x[8];
+  load8<T>(vr + cw * 8, x);
+#pragma unroll
+  for (int g = 0; g < GRP; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pw[g], x[e], o[g][e]);
+}
+
+// The end of a split: the SL slot lanes' V sums (each with its zero bias) meet through
+// vred [SL][GRP][HD] and go to the split's partial rows with the softmax's (max, sum),
+// ml [GRP][ml_stride]. part_of(g): head g's row [m, l, o[HD]]. Barrier inside.
+template <int HD, int GRP, class PartOf>
+__device__ __forceinline__ void write_split(float* vred, const float (*o)[8], const float* bz, int tid, int sl, int cw,
+                                            const float* ml, int ml_stride, PartOf part_of) {
+  constexpr int SL = kDecChunk / (HD / 8);
+#pragma unroll
+  for (int g = 0; g < GRP; ++g) {
+    float4* d = reinterpret_cast<float4*>(vred + (sl * GRP + g) * HD + cw * 8);
+    d[0] = make_float4(o[g][0] + bz[g], o[g][1] + bz[g], o[g][2] + bz[g], o[g][3] + bz[g]);
+    d[1] = make_float4(o[g][4] + bz[g], o[g][5] + bz[g], o[g][6] + bz[g], o[g][7] + bz[g]);
+  }
+  __syncthreads();
+  for (int e = tid; e < GRP * HD; e += kDecChunk) {
+    const int g = e / HD, j = e % HD;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < SL; ++k) sum += vred[(k * GRP + g) * HD + j];
+    part_of(g)[2 + j] = sum;
+  }
+  if (tid < GRP) {
+    float* pt = part_of(tid);
+    pt[0] = ml[ml_stride * tid];
+    pt[1] = ml[ml_stride * tid + 1];
+  }
+}
+
+// A split past the sequence's end: (max, sum) = (-inf, 0), which the combine skips.
+template <int GRP, class PartOf>
+__device__ __forceinline__ void write_empty_split(int tid, PartOf part_of) {
+  if (tid < GRP) {
+    float* pt = part_of(tid);
+    pt[0] = -INFINITY;
+    pt[1] = 0;
+  }
+}
+
 template <int HD, int GRP>
 constexpr int dec_shmem_floats() {
   constexpr int QF = 2 * (HD / 2) * 16, VF = (kDecChunk / (HD / 8)) * GRP * HD;
@@ -398,80 +559,19 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a
   const int li = a.first + 1;  // slots the query sees
   const int b0 = s * C, b1 = min(b0 + C, li);
   const auto part_of = [&](int g) { return a.part + ((int64_t(h) * GRP + g) * S + s) * (HD + 2); };
-  if (b0 >= b1) {
-    if (tid < GRP) {
-      float* pt = part_of(tid);
-      pt[0] = -INFINITY;
-      pt[1] = 0;
-    }
-    return;
-  }
-  // The GRP queries of KV head h, turned by their own angle for slots < run_split (A) and the others (B).
-  for (int e = tid; e < GRP * half; e += C) {
-    const int g = e / half, j = e % half;
-    const float* q = a.q + (int64_t(h) * GRP + g) * HD;
-    const float* qc = a.qcs;
-    const float x0 = q[j], x1 = q[j + half];
-    float* A = qs + j * 16;
-    float* B = qs + (half + j) * 16;
-    A[g] = x0 * qc[j] - x1 * qc[half + j];
-    A[8 + g] = x1 * qc[j] + x0 * qc[half + j];
-    B[g] = x0 * qc[HD + j] - x1 * qc[HD + half + j];
-    B[8 + g] = x1 * qc[HD + j] + x0 * qc[HD + half + j];
-  }
+  if (b0 >= b1) return write_empty_split<GRP>(tid, part_of);
+  turn_queries<HD, GRP>(a, h, tid, qs);
   __syncthreads();
   const int ns = c.n_sink, qe = ns + c.n_quant;
   const KiviHeadRows<T> hr(c, h);
-  const T *ksink = hr.ksink, *vsink = hr.vsink, *kres = hr.kres, *vres = hr.vres;
-  const uint8_t *kcodes = hr.kcodes, *vcodes = hr.vcodes;
-  const uint16_t* kpar = hr.kpar;
   const uint32_t* vpar = reinterpret_cast<const uint32_t*>(hr.vpar);  // (scale, zero) words
   {  // K: scores of slot t = b0 + tid
     const int t = b0 + tid;
-    if (t < b1) {
-      float acc[GRP];
-#pragma unroll
-      for (int g = 0; g < GRP; ++g) acc[g] = 0.f;
-      const float* qq = qs + (t < a.run_split ? 0 : half * 16);
-      const float2* tab = reinterpret_cast<const float2*>(a.kcs) + t;  // pair i at tab[i * cap]
-      if (t < ns || t >= qe) {
-        const T* kr = t < ns ? ksink + int64_t(t) * HD : kres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
-#pragma unroll 4
-        for (int i = 0; i < half; ++i)
-          rot_dot<GRP>(qq + i * 16, widen(kr[i]), widen(kr[i + half]), __ldg(tab + int64_t(i) * c.cap), acc);
-      } else {
-        const int jq = t - ns;
-        const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
-        // The group's (scale, zero) words, one per channel; 4 channels per 16-byte load.
-        const uint4* par = reinterpret_cast<const uint4*>(kpar + int64_t((c.gstart + gi) % c.gcap) * HD * 2);
-        constexpr int NW = HD * BITS / 32;  // code words per row (a multiple of 4 for HD 64 / 128)
-        uint32_t w[NW];
-        const uint4* row = reinterpret_cast<const uint4*>(kcodes + int64_t((c.qstart + jq) % c.cap) * c.row);
-#pragma unroll
-        for (int k4 = 0; k4 < NW / 4; ++k4) {
-          const uint4 x = __ldg(row + k4);
-          w[4 * k4] = x.x;
-          w[4 * k4 + 1] = x.y;
-          w[4 * k4 + 2] = x.z;
-          w[4 * k4 + 3] = x.w;
-        }
-#pragma unroll
-        for (int i4 = 0; i4 < half; i4 += 4) {
-          const uint4 pl = __ldg(par + i4 / 4), ph = __ldg(par + (half + i4) / 4);
-          const uint32_t wl[4] = {pl.x, pl.y, pl.z, pl.w}, wh[4] = {ph.x, ph.y, ph.z, ph.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = i4 + e;
-            const float2 lo = par_f2(wl[e]), hi = par_f2(wh[e]);
-            const float x0 = fmaf(u2f(code_w<BITS>(w, i)), lo.x, lo.y);
-            const float x1 = fmaf(u2f(code_w<BITS>(w, i + half)), hi.x, hi.y);
-            rot_dot<GRP>(qq + i * 16, x0, x1, __ldg(tab + int64_t(i) * c.cap), acc);
-          }
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < GRP; ++g) p[g * C + tid] = acc[g] * a.scale;
-    }
+    const auto row_of = [&](int jq) {
+      return reinterpret_cast<const uint4*>(hr.kcodes + int64_t((c.qstart + jq) % c.cap) * c.row);
+    };
+    if (t < b1)
+      slot_scores<T, BITS, HD, GRP, true>(a, hr, ns, qe, qs, reinterpret_cast<const float2*>(a.kcs), t, row_of, p + tid);
   }
   __syncthreads();
   const int len = b1 - b0, warp = tid >> 5, lane = tid & 31;
@@ -484,76 +584,29 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_dec_kernel(AttendKivi a
     }
   }
   __syncthreads();
-  {  // V
-    const int cw = tid % TPR, sl = tid / TPR;
-    float o[GRP][8], bz[GRP];
+  // V: thread (cw, sl) takes channels cw*8.. of every SL-th slot.
+  const int cw = tid % TPR, sl = tid / TPR;
+  float o[GRP][8], bz[GRP];
 #pragma unroll
-    for (int g = 0; g < GRP; ++g) {
-      bz[g] = 0.f;
+  for (int g = 0; g < GRP; ++g) {
+    bz[g] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
-    }
-    for (int t = b0 + sl; t < b1; t += SL) {
-      float pw[GRP];
+    for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+  }
+  for (int t = b0 + sl; t < b1; t += SL) {
+    float pw[GRP];
 #pragma unroll
-      for (int g = 0; g < GRP; ++g) pw[g] = p[g * C + t - b0];
-      if (t >= ns && t < qe) {
-        const int prow = (c.qstart + t - ns) % c.cap;
-        const float2 sz = par_f2(__ldg(vpar + prow));
-        const uint8_t* cr = vcodes + int64_t(prow) * c.row + cw * BITS;  // 8 codes = BITS bytes
-        uint32_t cwd[2];
-        if (BITS == 8) {
-          const uint2 x = __ldg(reinterpret_cast<const uint2*>(cr));
-          cwd[0] = x.x;
-          cwd[1] = x.y;
-        } else if (BITS == 4) {
-          cwd[0] = __ldg(reinterpret_cast<const uint32_t*>(cr));
-        } else {
-          cwd[0] = __ldg(reinterpret_cast<const uint16_t*>(cr));
-        }
-        float ws[GRP];
-#pragma unroll
-        for (int g = 0; g < GRP; ++g) {
-          ws[g] = pw[g] * sz.x;
-          bz[g] = fmaf(pw[g], sz.y, bz[g]);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float u = u2f(code_w<BITS>(cwd, e));
-#pragma unroll
-          for (int g = 0; g < GRP; ++g) o[g][e] = fmaf(ws[g], u, o[g][e]);
-        }
-      } else {
-        const T* vr = t < ns ? vsink + int64_t(t) * HD : vres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
-        float x[8];
-        load8<T>(vr + cw * 8, x);
-#pragma unroll
-        for (int g = 0; g < GRP; ++g)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pw[g], x[e], o[g][e]);
-      }
-    }
-    // vred aliases qs: every thread finished the K phase before the softmax's barriers.
-#pragma unroll
-    for (int g = 0; g < GRP; ++g) {
-      float4* d = reinterpret_cast<float4*>(vred + (sl * GRP + g) * HD + cw * 8);
-      d[0] = make_float4(o[g][0] + bz[g], o[g][1] + bz[g], o[g][2] + bz[g], o[g][3] + bz[g]);
-      d[1] = make_float4(o[g][4] + bz[g], o[g][5] + bz[g], o[g][6] + bz[g], o[g][7] + bz[g]);
+    for (int g = 0; g < GRP; ++g) pw[g] = p[g * C + t - b0];
+    if (t >= ns && t < qe) {
+      const int prow = (c.qstart + t - ns) % c.cap;
+      const float2 sz = par_f2(__ldg(vpar + prow));
+      slot_values_quant<T, BITS, GRP, true>(sz, hr.vcodes + int64_t(prow) * c.row + cw * BITS, pw, o, bz);
+    } else {
+      slot_values_full<T, HD, GRP>(c, hr, ns, qe, t, cw, pw, o);
     }
   }
-  __syncthreads();
-  for (int e = tid; e < GRP * HD; e += C) {
-    const int g = e / HD, j = e % HD;
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < SL; ++k) sum += vred[(k * GRP + g) * HD + j];
-    part_of(g)[2 + j] = sum;
-  }
-  if (tid < GRP) {
-    float* pt = part_of(tid);
-    pt[0] = ml[2 * tid];
-    pt[1] = ml[2 * tid + 1];
-  }
+  // vred aliases qs: every thread finished the K phase before the softmax's barriers.
+  write_split<HD, GRP>(vred, o, bz, tid, sl, cw, ml, 2, part_of);
 }
 
 // ---- The tiled decode kernel (kind 2; Session 14) ----
@@ -644,14 +697,7 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi 
   const int li = a.first + 1;  // slots the query sees
   const int s0 = s * chunk, s1 = min(s0 + chunk, li);
   const auto part_of = [&](int g) { return a.part + ((int64_t(h) * GRP + g) * S + s) * (HD + 2); };
-  if (s0 >= s1) {
-    if (tid < GRP) {
-      float* pt = part_of(tid);
-      pt[0] = -INFINITY;
-      pt[1] = 0;
-    }
-    return;
-  }
+  if (s0 >= s1) return write_empty_split<GRP>(tid, part_of);
   const int ns = c.n_sink, qe = ns + c.n_quant;
   const KiviHeadRows<T> hr(c, h);
   // Tile [b0, b1)'s quantised rows (slots [max(b0, ns), min(b1, qe))) into buffer bi.
@@ -674,20 +720,7 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi 
     cp_async_commit();
   };
   fetch(s0, min(s0 + C, s1), 0);
-  // The GRP queries of KV head h turned by their own angle for slots < run_split (A) and the others (B),
-  // in rot_dot's layout, as kind 1.
-  for (int e = tid; e < GRP * half; e += C) {
-    const int g = e / half, j = e % half;
-    const float* q = a.q + (int64_t(h) * GRP + g) * HD;
-    const float* qc = a.qcs;
-    const float x0 = q[j], x1 = q[j + half];
-    float* A = qs + j * 16;
-    float* B = qs + (half + j) * 16;
-    A[g] = x0 * qc[j] - x1 * qc[half + j];
-    A[8 + g] = x1 * qc[j] + x0 * qc[half + j];
-    B[g] = x0 * qc[HD + j] - x1 * qc[HD + half + j];
-    B[8 + g] = x1 * qc[HD + j] + x0 * qc[HD + half + j];
-  }
+  turn_queries<HD, GRP>(a, h, tid, qs);
   if (tid < GRP) {
     ml[4 * tid] = -INFINITY;
     ml[4 * tid + 1] = 0.f;
@@ -715,51 +748,10 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi 
     const unsigned char* vb = kb + C * RS;
     const uint32_t* pb = reinterpret_cast<const uint32_t*>(vb + C * RS);
     __syncthreads();  // every thread's copies are visible
-    {  // K: scores of slot t = b0 + tid
+    {  // K: scores of slot t = b0 + tid, its code row from the tile's copy
       const int t = b0 + tid;
-      if (t < b1) {
-        float acc[GRP];
-#pragma unroll
-        for (int g = 0; g < GRP; ++g) acc[g] = 0.f;
-        const float* qq = qs + (t < a.run_split ? 0 : half * 16);
-        const float2* tab = kcs2 + t;  // pair i at tab[i * cap]
-        if (t < ns || t >= qe) {
-          const T* kr = t < ns ? hr.ksink + int64_t(t) * HD : hr.kres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
-#pragma unroll 4
-          for (int i = 0; i < half; ++i)
-            rot_dot<GRP>(qq + i * 16, widen(kr[i]), widen(kr[i + half]), __ldg(tab + int64_t(i) * c.cap), acc);
-        } else {
-          const int jq = t - ns;
-          const int gi = jq < c.g0 ? 0 : 1 + (jq - c.g0) / c.G;
-          const uint4* par = reinterpret_cast<const uint4*>(hr.kpar + int64_t((c.gstart + gi) % c.gcap) * HD * 2);
-          constexpr int NW = HD * BITS / 32;
-          uint32_t w[NW];
-          const uint4* row = reinterpret_cast<const uint4*>(kb + tid * RS);
-#pragma unroll
-          for (int k4 = 0; k4 < NW / 4; ++k4) {
-            const uint4 x = row[k4];
-            w[4 * k4] = x.x;
-            w[4 * k4 + 1] = x.y;
-            w[4 * k4 + 2] = x.z;
-            w[4 * k4 + 3] = x.w;
-          }
-#pragma unroll
-          for (int i4 = 0; i4 < half; i4 += 4) {
-            const uint4 pl = __ldg(par + i4 / 4), ph = __ldg(par + (half + i4) / 4);
-            const uint32_t wl[4] = {pl.x, pl.y, pl.z, pl.w}, wh[4] = {ph.x, ph.y, ph.z, ph.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int i = i4 + e;
-              const float2 lo = par_f2(wl[e]), hi = par_f2(wh[e]);
-              const float x0 = fmaf(u2f(code_w<BITS>(w, i)), lo.x, lo.y);
-              const float x1 = fmaf(u2f(code_w<BITS>(w, i + half)), hi.x, hi.y);
-              rot_dot<GRP>(qq + i * 16, x0, x1, __ldg(tab + int64_t(i) * c.cap), acc);
-            }
-          }
-        }
-#pragma unroll
-        for (int g = 0; g < GRP; ++g) p[g * C + tid] = acc[g] * a.scale;
-      }
+      const auto row_of = [&](int) { return reinterpret_cast<const uint4*>(kb + tid * RS); };
+      if (t < b1) slot_scores<T, BITS, HD, GRP, false>(a, hr, ns, qe, qs, kcs2, t, row_of, p + tid);
     }
     __syncthreads();
     for (int g = warp; g < GRP; g += C / 32) {  // one warp per head: the online softmax's step
@@ -798,37 +790,9 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi 
         for (int g = 0; g < GRP; ++g) pw[g] = p[g * C + t - b0];
         if (t >= ns && t < qe) {
           const float2 sz = par_f2(pb[t - b0]);
-          const unsigned char* cr = vb + (t - b0) * RS + cw * BITS;  // 8 codes = BITS bytes
-          uint32_t cwd[2];
-          if (BITS == 8) {
-            const uint2 x = *reinterpret_cast<const uint2*>(cr);
-            cwd[0] = x.x;
-            cwd[1] = x.y;
-          } else if (BITS == 4) {
-            cwd[0] = *reinterpret_cast<const uint32_t*>(cr);
-          } else {
-            cwd[0] = *reinterpret_cast<const uint16_t*>(cr);
-          }
-          float ws[GRP];
-#pragma unroll
-          for (int g = 0; g < GRP; ++g) {
-            ws[g] = pw[g] * sz.x;
-            bz[g] = fmaf(pw[g], sz.y, bz[g]);
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float u = u2f(code_w<BITS>(cwd, e));
-#pragma unroll
-            for (int g = 0; g < GRP; ++g) o[g][e] = fmaf(ws[g], u, o[g][e]);
-          }
+          slot_values_quant<T, BITS, GRP, false>(sz, vb + (t - b0) * RS + cw * BITS, pw, o, bz);
         } else {
-          const T* vr = t < ns ? hr.vsink + int64_t(t) * HD : hr.vres + int64_t((c.rstart + t - qe) % c.res_cap) * HD;
-          float x[8];
-          load8<T>(vr + cw * 8, x);
-#pragma unroll
-          for (int g = 0; g < GRP; ++g)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pw[g], x[e], o[g][e]);
+          slot_values_full<T, HD, GRP>(c, hr, ns, qe, t, cw, pw, o);
         }
       }
     }
@@ -836,25 +800,7 @@ __global__ void __launch_bounds__(kDecChunk) attend_kivi_tile_kernel(AttendKivi 
   }
   // vred aliases the tile buffers: no copy is pending (the last tile waited for all) and
   // every thread passed the loop's last barrier.
-#pragma unroll
-  for (int g = 0; g < GRP; ++g) {
-    float4* d = reinterpret_cast<float4*>(vred + (sl * GRP + g) * HD + cw * 8);
-    d[0] = make_float4(o[g][0] + bz[g], o[g][1] + bz[g], o[g][2] + bz[g], o[g][3] + bz[g]);
-    d[1] = make_float4(o[g][4] + bz[g], o[g][5] + bz[g], o[g][6] + bz[g], o[g][7] + bz[g]);
-  }
-  __syncthreads();
-  for (int e = tid; e < GRP * HD; e += C) {
-    const int g = e / HD, j = e % HD;
-    float sum = 0.f;
-#pragma unroll
-    for (int k = 0; k < SL; ++k) sum += vred[(k * GRP + g) * HD + j];
-    part_of(g)[2 + j] = sum;
-  }
-  if (tid < GRP) {
-    float* pt = part_of(tid);
-    pt[0] = ml[4 * tid];
-    pt[1] = ml[4 * tid + 1];
-  }
+  write_split<HD, GRP>(vred, o, bz, tid, sl, cw, ml, 4, part_of);
 }
 
 template <class T>
