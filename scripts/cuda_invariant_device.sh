@@ -6,7 +6,8 @@
 # at batch 1, 4, 16 and 64, default and invariant alternated per round. 3. `serve --device cuda`
 # on the 1B shape: one greedy request alone, then 24 identical ones at once, default and
 # invariant; how many of the 24 texts differ from the alone one. Each part also runs the mode
-# with PTLLM_CUDA_INVARIANT_TILE=1 (gemv_tile_kernel: written in session 29, not yet run).
+# with gemv_kernel (PTLLM_CUDA_INVARIANT_TILE=0) and gemv_tile_kernel (=1; written in session
+# 29, first run and made the mode's default in session 31: binaries before that need =1).
 # 4. (session 31) The KIVI decode kernels after their shared parts moved into helpers
 # (turn_queries, slot_scores, slot_values_*, write_split): the KIVI tests with each kernel
 # forced, and one layer's decode attention alone, this build's cuda_attn_bench against the
@@ -20,8 +21,8 @@ device_preamble
 has() { [ -z "${PART:-}" ] || [ "$PART" = "$1" ]; }
 ROUNDS=${ROUNDS:-2}
 if has tests; then
-  echo "== BatchInvariantModeMatchesEachSequenceAlone"
-  timeout 120 $B/cuda_backend_test --gtest_filter='*BatchInvariantMode*' 2>&1 | filter | tail -8
+  echo "== BatchInvariantModeMatchesEachSequenceAlone with PTLLM_CUDA_INVARIANT_TILE=0 (gemv_kernel)"
+  PTLLM_CUDA_INVARIANT_TILE=0 timeout 120 $B/cuda_backend_test --gtest_filter='*BatchInvariantMode*' 2>&1 | filter | tail -8
   echo "== the same with PTLLM_CUDA_INVARIANT_TILE=1 (gemv_tile_kernel)"
   PTLLM_CUDA_INVARIANT_TILE=1 timeout 120 $B/cuda_backend_test --gtest_filter='*BatchInvariantMode*' 2>&1 | filter | tail -8
   echo "== all tests"

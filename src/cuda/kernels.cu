@@ -163,7 +163,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
 // warp_sum, then the wpr partial sums in part order; wpr depends on N and K only. Against
 // gemv_kernel it reads each weight word once per 16 input rows instead of 8 and each input
 // word once per 4 weight rows instead of 1 (gemv_kernel from 16 rows on was ~13x slower than
-// the GEMM: docs/CUDA.md, "Session 29"). Opt-in, not yet run on a GPU: invariant_tile() below.
+// the GEMM: docs/CUDA.md, "Session 29"). The mode's default since session 31 (H100: the same
+// bits alone and among 4 or 20, within the fp16 cache's bound of the CPU; 6-9% faster than
+// gemv_kernel from 16 rows, 1-4% slower at 1-4): invariant_tile() below.
 constexpr int kTileM = 16, kTileN = 4;
 template <class T, bool kGlu>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_tile_kernel(GemvSegs segs, const float* __restrict__ x, int M,
@@ -693,14 +695,14 @@ static int glu_words() {
   return u;
 }
 
-// PTLLM_CUDA_INVARIANT_TILE=1: the batch-invariant mode's products take gemv_tile_kernel
-// instead of gemv_kernel (both give a row the same sums at every M). Written in session 29
-// when the device loans had paused, so not yet run on a GPU: off until it has passed
-// BatchInvariantModeMatchesEachSequenceAlone there (scripts/cuda_invariant_device.sh).
+// The batch-invariant mode's products take gemv_tile_kernel (PTLLM_CUDA_INVARIANT_TILE=0:
+// gemv_kernel, as before session 31; each gives a row the same sums at every M, but not the
+// same as the other: the two split K by different rules for the SwiGLU launch). Measured in
+// session 31 (docs/CUDA.md, scripts/cuda_invariant_device.sh).
 static bool invariant_tile() {
   static const bool on = [] {
     const char* v = std::getenv("PTLLM_CUDA_INVARIANT_TILE");
-    return v && v[0] == '1' && v[1] == 0;
+    return !(v && v[0] == '0' && v[1] == 0);
   }();
   return on;
 }
