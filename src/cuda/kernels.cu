@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegs segs, const 
 // gemv_kernel it reads each weight word once per 16 input rows instead of 8 and each input
 // word once per 4 weight rows instead of 1 (gemv_kernel from 16 rows on was ~13x slower than
 // the GEMM: docs/CUDA.md, "Session 29"). The mode's default since session 31 (H100: the same
-// bits alone and among 4 or 20, within the fp16 cache's bound of the CPU; 6-9% faster than
-// gemv_kernel from 16 rows, 1-4% slower at 1-4): invariant_tile() below.
+// bits alone and among 4 or 20, within the fp16 cache's bound of the CPU; 6-10% faster than
+// gemv_kernel from 16 rows, 3.5% slower alone): invariant_tile() below.
 constexpr int kTileM = 16, kTileN = 4;
 template <class T, bool kGlu>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_tile_kernel(GemvSegs segs, const float* __restrict__ x, int M,
